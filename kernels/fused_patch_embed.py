@@ -1,0 +1,126 @@
+"""Patchify + Conv3d patch embedding as one Triton matmul whose A tiles are gathered from uint8 frames."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels._items import row_blocks
+from kernels._triton import cast_out, interpreting, round_to_bf16_rne, tl, triton
+from kernels.fused_patchify import (
+    CHANNELS,
+    CLIP_MEAN,
+    CLIP_STD,
+    QWEN2_VL,
+    Offsets,
+    PatchGeometry,
+    Sizes,
+    check_packed,
+    item_meta,
+    norm_table,
+    packed_items,
+    patchify_reference,
+)
+
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def weight_matrix(weight: torch.Tensor, geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+    """Conv3d weight [D, 3, tp, p, p] (or already [D, width]) -> [D, width] view; asserts layout."""
+    assert isinstance(weight, torch.Tensor) and weight.dtype in WEIGHT_DTYPES, f"weight dtype {weight.dtype}"
+    p, tp = geometry.patch_size, geometry.temporal_patch_size
+    if weight.ndim == 5:
+        assert tuple(weight.shape[1:]) == (CHANNELS, tp, p, p), f"weight must be [D, 3, {tp}, {p}, {p}]"
+        weight = weight.reshape(weight.shape[0], -1)
+    assert weight.ndim == 2 and weight.shape[1] == geometry.width, f"weight must be [D, {geometry.width}]"
+    assert weight.is_contiguous(), "weight must be contiguous"
+    return weight  # [D, width]
+
+
+def patch_embed_reference(frames: torch.Tensor, weight: torch.Tensor, *, mean: Sequence[float] = CLIP_MEAN,
+                          std: Sequence[float] = CLIP_STD,
+                          geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+    """Reference for one item: patchify in the weight dtype, then rows @ W.T -> [t*h*w, D]."""
+    w = weight_matrix(weight, geometry)  # [D, width]
+    rows = patchify_reference(frames, out_dtype=w.dtype, mean=mean, std=std, geometry=geometry)  # [R, width]
+    return rows @ w.T  # [R, D]
+
+
+def patch_embed_packed_reference(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor,
+                                 **kwargs) -> torch.Tensor:
+    """Reference for a packed batch: items' embeddings concatenated in order, [sum(t*h*w), D]."""
+    return torch.cat([patch_embed_reference(f, weight, **kwargs) for f in packed_items(buffer, offsets, thw)])
+
+
+@triton.jit
+def _patch_embed_kernel(src_ptr, w_ptr, out_ptr, norm_ptr, meta_ptr, block_item_ptr, block_row_ptr, D,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PATCH: tl.constexpr, TPATCH: tl.constexpr, MERGE: tl.constexpr, CH: tl.constexpr,
+                        A_BF16: tl.constexpr, DOT_FP32: tl.constexpr, OUT_BF16: tl.constexpr):
+    WIDTH: tl.constexpr = CH * TPATCH * PATCH * PATCH
+    item = tl.load(block_item_ptr + tl.program_id(0))
+    meta = meta_ptr + item * 8  # src_off, T, H, W, out_row0, n_rows, gh, gw (int64)
+    src_off, T, H, W = tl.load(meta), tl.load(meta + 1), tl.load(meta + 2), tl.load(meta + 3)
+    out_row0, n_rows, gh, gw = tl.load(meta + 4), tl.load(meta + 5), tl.load(meta + 6), tl.load(meta + 7)
+    r = tl.load(block_row_ptr + tl.program_id(0)) + tl.arange(0, BLOCK_M)  # [BM] item-local merge-order row
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output channel
+    mask_r, mask_n = r < n_rows, n < D
+    gt, blk = r // (gh * gw), (r % (gh * gw)) // (MERGE * MERGE)
+    ph = (blk // (gw // MERGE)) * MERGE + (r // MERGE) % MERGE  # [BM] patch row
+    pw = (blk % (gw // MERGE)) * MERGE + r % MERGE  # [BM] patch col
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, WIDTH, BLOCK_K):
+        f = k0 + tl.arange(0, BLOCK_K)  # [BK] feature (c, tt, py, px)
+        mask_f = f < WIDTH
+        c, tt = f // (TPATCH * PATCH * PATCH), (f // (PATCH * PATCH)) % TPATCH
+        frame = tl.minimum(gt[:, None] * TPATCH + tt[None, :], T - 1)  # [BM, BK]
+        y = ph[:, None] * PATCH + ((f // PATCH) % PATCH)[None, :]
+        x = pw[:, None] * PATCH + (f % PATCH)[None, :]
+        mask_a = mask_r[:, None] & mask_f[None, :]
+        v = tl.load(src_ptr + src_off + ((frame * H + y) * W + x) * CH + c[None, :], mask=mask_a, other=0)
+        mean = tl.load(norm_ptr + c, mask=mask_f, other=0.0)  # [BK]
+        std = tl.load(norm_ptr + CH + c, mask=mask_f, other=1.0)  # [BK]
+        a = tl.math.div_rn(v.to(tl.float32) - mean[None, :], std[None, :])  # [BM, BK] fp32, as patchify
+        mask_b = mask_f[:, None] & mask_n[None, :]
+        b = tl.load(w_ptr + n[None, :] * WIDTH + f[:, None], mask=mask_b, other=0.0)  # [BK, BN] = W.T tile
+        if DOT_FP32:  # fp32 weights, or the interpreter (its bf16 dot is broken); bf16 values stay exact
+            if A_BF16:
+                a = round_to_bf16_rne(a)
+            else:
+                a = a.to(b.dtype).to(tl.float32)
+            acc += tl.dot(a, b.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(cast_out(a, A_BF16, b.dtype), b)
+    dst = out_ptr + (out_row0 + r)[:, None] * D + n[None, :]
+    tl.store(dst, cast_out(acc, OUT_BF16, out_ptr.dtype.element_ty), mask=mask_r[:, None] & mask_n[None, :])
+
+
+def patch_embed_packed_triton(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
+                              mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
+                              geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+    """Triton patch embedding of a packed batch -> [sum(t*h*w), D] in the weight dtype."""
+    w = weight_matrix(weight, geometry)  # [D, width]
+    assert w.device == buffer.device, f"weight on {w.device}, frames on {buffer.device}"
+    offs, sizes = check_packed(buffer, offsets, thw, geometry)
+    dev, d = buffer.device, w.shape[0]
+    meta, n_rows = item_meta(offs, sizes, geometry, dev)
+    out = torch.empty(sum(n_rows), d, dtype=w.dtype, device=dev)  # [rows, D]
+    block_m, block_n, block_k = (64, 64, 128) if interpreting() else (64, 128, 32)
+    block_item, block_row = row_blocks(n_rows, block_m, dev)
+    grid = (block_item.numel(), triton.cdiv(d, block_n))
+    is_bf16 = w.dtype == torch.bfloat16
+    _patch_embed_kernel[grid](buffer, w, out, norm_table(mean, std, dev), meta, block_item, block_row, d,
+                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PATCH=geometry.patch_size,
+                              TPATCH=geometry.temporal_patch_size, MERGE=geometry.merge_size, CH=CHANNELS,
+                              A_BF16=is_bf16, DOT_FP32=w.dtype == torch.float32 or interpreting(),
+                              OUT_BF16=is_bf16, num_warps=4, num_stages=3)
+    return out
+
+
+def patch_embed_triton(frames: torch.Tensor, weight: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Triton patch embedding of one item: [T, H, W, 3] uint8 contiguous -> [t*h*w, D]."""
+    assert isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8, "frames must be a uint8 tensor"
+    assert frames.ndim == 4 and frames.shape[3] == CHANNELS, f"frames must be [T,H,W,3]: {list(frames.shape)}"
+    assert frames.is_contiguous(), "frames must be contiguous"
+    return patch_embed_packed_triton(frames.view(-1), [0], [list(frames.shape[:3])], weight, **kwargs)
