@@ -1,0 +1,220 @@
+"""Per-item image and video processing, and the public preprocess_images / preprocess_videos."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mm_infer.media.errors import MediaDecodeError, MediaInvalidError, MediaTooLargeError, MediaUnsupportedError
+from mm_infer.media.frame_sampling import check_indices, sample_indices
+from mm_infer.media.image import check_pil_image, open_image, to_rgb
+from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
+from mm_infer.media.packed import PackedTensor
+from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, normalize, patchify
+from mm_infer.media.resize import resize_frames_torch, resize_image_pil, smart_resize
+from mm_infer.media.sources import (MediaInput, array_digest, is_encoded, options_digest, pil_digest,
+                                    read_encoded)
+from mm_infer.media.video import choose_decoder, decode_frames, probe
+
+IMAGE_MIN_PIXELS = 56 * 56
+IMAGE_MAX_PIXELS = 28 * 28 * 1280
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    min_pixels: int = IMAGE_MIN_PIXELS
+    max_pixels: int = IMAGE_MAX_PIXELS
+    backend: str = "torchvision"
+    exif_transpose: bool = True
+    spec: PatchSpec = DEFAULT_SPEC
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    sampler: str = "qwen"
+    fps: float = 2.0
+    num_frames: int | None = None
+    frame_indices: tuple[int, ...] | None = None
+    min_pixels: int = VIDEO_MIN_PIXELS
+    max_pixels: int = VIDEO_MAX_PIXELS
+    total_pixels: int | None = None
+    decoder: str = "auto"
+    backend: str = "torchvision"
+    spec: PatchSpec = DEFAULT_SPEC
+
+
+@dataclass
+class VideoMetadata:
+    """How a video was sampled: what M-RoPE (second_per_grid_ts) and callers need to know."""
+
+    total_num_frames: int
+    fps: float  # source frame rate
+    frame_indices: list[int] = field(default_factory=list)
+    sample_fps: float = 0.0
+    second_per_grid_ts: float = 0.0
+    decoder: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.total_num_frames / self.fps if self.fps > 0 else 0.0
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise MediaInvalidError(f"unknown image backend '{backend}', expected one of {BACKENDS}")
+
+
+def _to_pixels(frames: np.ndarray | Sequence[Image.Image], size: tuple[int, int], backend: str,
+               spec: PatchSpec) -> torch.Tensor:
+    """uint8 frames [T, H, W, 3] (or RGB PIL frames) -> uint8 [T, 3, h, w] resized by the backend."""
+    if backend == "pil":
+        pils = [f if isinstance(f, Image.Image) else Image.fromarray(f) for f in frames]
+        resized = np.stack([resize_image_pil(p, size) for p in pils])  # [T, h, w, 3]
+        return torch.from_numpy(resized).permute(0, 3, 1, 2)
+    arr = np.stack([np.asarray(f) for f in frames]) if not isinstance(frames, np.ndarray) else frames
+    x = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)  # [T, 3, H, W]
+    return resize_frames_torch(x, size)
+
+
+def _rows(frames: torch.Tensor, backend: str, spec: PatchSpec) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    return patchify(normalize(frames, backend, spec), spec)
+
+
+def _image_array(item: MediaInput) -> np.ndarray:
+    arr = item.cpu().numpy() if isinstance(item, torch.Tensor) else np.asarray(item)
+    if arr.dtype != np.uint8:
+        raise MediaInvalidError(f"image arrays must be uint8, got {arr.dtype}")
+    if arr.ndim == 2:
+        arr = np.repeat(arr[:, :, None], 3, axis=2)
+    if arr.ndim != 3 or arr.shape[2] != 3:
+        raise MediaInvalidError(f"image arrays must be [H, W, 3] or [H, W], got shape {tuple(arr.shape)}")
+    return arr
+
+
+def load_image_rgb(item: MediaInput, opts: ImageOptions, limits: MediaLimits) -> tuple[Image.Image | np.ndarray, str]:
+    """Any accepted image input -> (RGB PIL image or uint8 [H, W, 3], source digest)."""
+    if is_encoded(item):
+        encoded = read_encoded(item, limits=limits)
+        return to_rgb(open_image(encoded, limits=limits, exif_transpose=opts.exif_transpose)), encoded.digest
+    if isinstance(item, Image.Image):
+        check_pil_image(item, limits=limits)
+        try:
+            rgb = to_rgb(item)
+        except OSError as e:
+            raise MediaDecodeError(f"PIL image could not be loaded: {e}") from None
+        return rgb, pil_digest(rgb)
+    if isinstance(item, (np.ndarray, torch.Tensor)):
+        arr = _image_array(item)
+        if arr.shape[0] * arr.shape[1] > limits.max_image_pixels:
+            raise MediaTooLargeError(f"image array of {arr.shape[1]}x{arr.shape[0]} pixels is over the limit of "
+                                     f"{limits.max_image_pixels}")
+        return arr, array_digest(arr)
+    raise MediaUnsupportedError(f"unsupported image input of type {type(item).__name__}")
+
+
+def process_image(item: MediaInput, opts: ImageOptions, limits: MediaLimits = DEFAULT_LIMITS) -> PackedTensor:
+    """One image -> a one-item PackedTensor (grid t = 1)."""
+    _check_backend(opts.backend)
+    image, digest = load_image_rgb(item, opts, limits)
+    height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
+    size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, opts.max_pixels)
+    frames = [image] if opts.backend == "pil" else (np.asarray(image)[None])
+    rows, grid = _rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
+    key = options_digest(digest, ("image", opts))
+    return PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.ones(1, dtype=torch.long), [key])
+
+
+def _frame_list(item: Sequence | np.ndarray) -> np.ndarray:
+    """A video given as frames (PIL images or uint8 arrays) -> uint8 [T, H, W, 3]."""
+    frames = [np.asarray(to_rgb(f)) if isinstance(f, Image.Image) else _image_array(f) for f in item]
+    if not frames:
+        raise MediaInvalidError("video has 0 frames")
+    if len({f.shape for f in frames}) != 1:
+        raise MediaInvalidError("video frames have different sizes")
+    return np.stack(frames)
+
+
+def _frame_budget(opts: VideoOptions, n_frames: int) -> int:
+    """Per-frame max_pixels; with total_pixels, an even share of the budget as qwen-vl-utils computes it."""
+    if opts.total_pixels is None:
+        return opts.max_pixels
+    share = max(min(VIDEO_MAX_PIXELS, opts.total_pixels / n_frames * opts.spec.temporal_patch_size),
+                int(opts.min_pixels * 1.05))
+    return int(min(opts.max_pixels, share))
+
+
+def process_video(item: MediaInput, opts: VideoOptions,
+                  limits: MediaLimits = DEFAULT_LIMITS) -> tuple[PackedTensor, VideoMetadata]:
+    """One video (encoded, or a list/array of frames) -> a one-item PackedTensor and its metadata."""
+    _check_backend(opts.backend)
+    tp = opts.spec.temporal_patch_size
+    if is_encoded(item):
+        encoded = read_encoded(item, limits=limits)
+        info = probe(encoded, limits=limits)
+        if opts.frame_indices is not None:
+            indices = check_indices(list(opts.frame_indices), info.total_frames, max_sampled=limits.max_sampled_frames)
+        else:
+            indices = sample_indices(opts.sampler, info.total_frames, info.fps, fps=opts.fps,
+                                     num_frames=opts.num_frames, factor=tp, max_frames=limits.max_sampled_frames)
+        if len(indices) > limits.max_sampled_frames:
+            raise MediaTooLargeError(f"{encoded.origin}: {len(indices)} sampled frames, over the limit of "
+                                     f"{limits.max_sampled_frames}")
+        decoder = choose_decoder(opts.decoder, info)
+        frames = decode_frames(encoded, indices, decoder, fallback=opts.decoder == "auto")
+        sample_fps = len(indices) / info.total_frames * info.fps
+        meta = VideoMetadata(info.total_frames, info.fps, indices, sample_fps, tp / sample_fps, decoder)
+        digest = encoded.digest
+    elif isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
+        frames = _frame_list(item.cpu().numpy() if isinstance(item, torch.Tensor) else item)
+        if len(frames) > limits.max_sampled_frames:
+            raise MediaTooLargeError(f"video of {len(frames)} frames is over the limit of {limits.max_sampled_frames}")
+        if frames.shape[1] * frames.shape[2] > limits.max_image_pixels:
+            raise MediaTooLargeError(f"video frames of {frames.shape[2]}x{frames.shape[1]} are over the pixel limit")
+        n = len(frames)
+        meta = VideoMetadata(n, opts.fps, list(range(n)), opts.fps, tp / opts.fps, "frames")
+        digest = array_digest(frames)
+    else:
+        raise MediaUnsupportedError(f"unsupported video input of type {type(item).__name__}")
+    height, width = frames.shape[1:3]
+    size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, _frame_budget(opts, len(frames)))
+    rows, grid = _rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
+    key = options_digest(digest, ("video", opts, meta.decoder))
+    packed = PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.tensor([len(frames)]), [key])
+    return packed, meta
+
+
+def check_item_count(n: int, limits: MediaLimits) -> None:
+    if n > limits.max_items:
+        raise MediaTooLargeError(f"{n} media items in one call, over the limit of {limits.max_items}")
+
+
+def preprocess_images(images: Sequence[MediaInput] | MediaInput, *, min_pixels: int | None = None,
+                      max_pixels: int | None = None, backend: str = "torchvision", exif_transpose: bool = True,
+                      limits: MediaLimits = DEFAULT_LIMITS) -> PackedTensor:
+    """Images (bytes, data URLs, paths, PIL images or uint8 arrays) -> PackedTensor, HF-bit-exact."""
+    items = list(images) if isinstance(images, (list, tuple)) else [images]
+    check_item_count(len(items), limits)
+    opts = ImageOptions(min_pixels if min_pixels is not None else IMAGE_MIN_PIXELS,
+                        max_pixels if max_pixels is not None else IMAGE_MAX_PIXELS, backend, exif_transpose)
+    return PackedTensor.concat([process_image(it, opts, limits) for it in items])
+
+
+def preprocess_videos(videos: Sequence[MediaInput] | MediaInput, *, sampler: str = "qwen", fps: float = 2.0,
+                      num_frames: int | None = None, frame_indices: Sequence[int] | None = None,
+                      min_pixels: int | None = None, max_pixels: int | None = None, total_pixels: int | None = None,
+                      decoder: str = "auto", backend: str = "torchvision",
+                      limits: MediaLimits = DEFAULT_LIMITS) -> tuple[PackedTensor, list[VideoMetadata]]:
+    """Videos (bytes, data URLs, paths, or lists/arrays of frames) -> (PackedTensor, metadata per video)."""
+    items = [videos] if is_encoded(videos) or isinstance(videos, np.ndarray) else list(videos)
+    check_item_count(len(items), limits)
+    opts = VideoOptions(sampler, fps, num_frames, tuple(frame_indices) if frame_indices is not None else None,
+                        min_pixels if min_pixels is not None else VIDEO_MIN_PIXELS,
+                        max_pixels if max_pixels is not None else VIDEO_MAX_PIXELS, total_pixels, decoder, backend)
+    results = [process_video(it, opts, limits) for it in items]
+    return PackedTensor.concat([p for p, _ in results]), [m for _, m in results]
