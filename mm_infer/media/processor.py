@@ -16,8 +16,7 @@ from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
 from mm_infer.media.packed import PackedTensor
 from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, normalize, patchify
 from mm_infer.media.resize import resize_frames_torch, resize_image_pil, smart_resize
-from mm_infer.media.sources import (MediaInput, array_digest, is_encoded, options_digest, pil_digest,
-                                    read_encoded)
+from mm_infer.media.sources import MediaInput, array_digest, is_encoded, options_digest, pil_digest, read_encoded
 from mm_infer.media.video import choose_decoder, decode_frames, probe
 
 IMAGE_MIN_PIXELS = 56 * 56
@@ -124,7 +123,7 @@ def process_image(item: MediaInput, opts: ImageOptions, limits: MediaLimits = DE
     image, digest = load_image_rgb(item, opts, limits)
     height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
     size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, opts.max_pixels)
-    frames = [image] if opts.backend == "pil" else (np.asarray(image)[None])
+    frames = [image] if opts.backend == "pil" else np.array(image)[None]  # [1, H, W, 3], writable
     rows, grid = _rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
     key = options_digest(digest, ("image", opts))
     return PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.ones(1, dtype=torch.long), [key])

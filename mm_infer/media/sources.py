@@ -51,10 +51,12 @@ def decode_data_url(url: str, *, limits: MediaLimits = DEFAULT_LIMITS) -> bytes:
         raise MediaDecodeError(f"data URL has an invalid base64 payload: {e}") from None
 
 
-def read_encoded(item: bytes | bytearray | memoryview | str | os.PathLike, *,
+def read_encoded(item: EncodedMedia | bytes | bytearray | memoryview | str | os.PathLike, *,
                  limits: MediaLimits = DEFAULT_LIMITS) -> EncodedMedia:
     """Bytes, a data URL or a local path -> EncodedMedia, enforcing the byte limit."""
-    if isinstance(item, (bytes, bytearray, memoryview)):
+    if isinstance(item, EncodedMedia):
+        data, origin = item.data, item.origin
+    elif isinstance(item, (bytes, bytearray, memoryview)):
         data, origin = bytes(item), "bytes"
     elif isinstance(item, str) and item.startswith("data:"):
         data, origin = decode_data_url(item, limits=limits), "data URL"
@@ -77,11 +79,11 @@ def read_encoded(item: bytes | bytearray | memoryview | str | os.PathLike, *,
         raise MediaTooLargeError(f"{origin} has {len(data)} bytes, over the limit of {limits.max_bytes}")
     if not data:
         raise MediaDecodeError(f"{origin} is empty (0 bytes)")
-    return EncodedMedia(data, _digest(data), origin)
+    return item if isinstance(item, EncodedMedia) else EncodedMedia(data, _digest(data), origin)
 
 
 def is_encoded(item: object) -> bool:
-    return isinstance(item, (bytes, bytearray, memoryview, str, os.PathLike))
+    return isinstance(item, (EncodedMedia, bytes, bytearray, memoryview, str, os.PathLike))
 
 
 def pil_digest(image: Image.Image) -> str:
