@@ -1,0 +1,119 @@
+"""Public entry points for kernels/: Triton on CUDA tensors, torch reference elsewhere (MM_INFER_KERNELS forces).
+
+MM_INFER_KERNELS=triton|torch|auto (default auto) is read on every call. `triton` on CPU tensors runs
+the Triton interpreter, which needs TRITON_INTERPRET=1 before kernels/ is first imported; kernels/
+sets it by default on hosts without CUDA, so there it just works (slowly: for tests, not serving).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from kernels import fused_patch_embed as _pe
+from kernels import fused_patchify as _pf
+from kernels import patch_merge as _pm
+from kernels import vision_rope as _vr
+from kernels._items import exclusive_cumsum, sizes_list
+from kernels._triton import interpreting
+from kernels.fused_patchify import CLIP_MEAN, CLIP_STD, QWEN2_VL, Offsets, PatchGeometry, Sizes
+from kernels.vision_rope import vision_position_ids, vision_rope_cos_sin
+
+Backend = Literal["triton", "torch"]
+ENV = "MM_INFER_KERNELS"
+
+__all__ = ["CLIP_MEAN", "CLIP_STD", "QWEN2_VL", "PatchGeometry", "Backend", "select_backend", "pack_frames",
+           "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
+           "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge"]
+
+
+def select_backend(*tensors: torch.Tensor) -> Backend:
+    """The backend for an op on these tensors: the MM_INFER_KERNELS override, else triton iff all on CUDA."""
+    forced = os.environ.get(ENV, "auto").strip().lower()
+    if forced not in ("triton", "torch", "auto", ""):
+        raise ValueError(f"{ENV} must be triton, torch or auto, got {forced!r}")
+    if forced == "torch":
+        return "torch"
+    if forced == "triton":
+        if any(t.device.type == "cpu" for t in tensors) and not interpreting():
+            raise RuntimeError(f"{ENV}=triton on CPU tensors needs TRITON_INTERPRET=1 set before kernels/ "
+                               "is imported")
+        return "triton"
+    return "triton" if tensors and all(t.is_cuda for t in tensors) else "torch"
+
+
+def pack_frames(frames: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int], list[list[int]]]:
+    """Items [T, H, W, 3] uint8 -> (flat uint8 buffer [sum T*H*W*3], element offsets, (T, H, W) per item)."""
+    thw = [list(f.shape[:3]) for f in frames]
+    offsets = exclusive_cumsum([f.numel() for f in frames])
+    return torch.cat([f.reshape(-1) for f in frames]), offsets, thw  # [N] uint8
+
+
+def grid_thw(thw: Sizes, geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+    """Frame sizes (T, H, W) per item -> patch grids [n, 3] int64 (t = ceil(T / tp), H / p, W / p)."""
+    return torch.tensor([geometry.grid(s) for s in sizes_list(thw, 3, "thw")], dtype=torch.int64)
+
+
+def patchify_packed(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, *, out_dtype: torch.dtype = torch.float32,
+                    mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
+                    geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+    """Flat uint8 buffer of items -> normalised pixel_values [sum(t*h*w), width] in Qwen2-VL row order."""
+    kw = dict(out_dtype=out_dtype, mean=mean, std=std, geometry=geometry)
+    if select_backend(buffer) == "triton":
+        return _pf.patchify_packed_triton(buffer, offsets, thw, **kw)
+    _pf.check_packed(buffer, offsets, thw, geometry)
+    return _pf.patchify_packed_reference(buffer, offsets, thw, **kw)
+
+
+def patchify(frames: torch.Tensor | Sequence[torch.Tensor], **kwargs) -> torch.Tensor:
+    """One item [T, H, W, 3] uint8, or a list of items (packed with one copy) -> pixel_values rows."""
+    if isinstance(frames, torch.Tensor):
+        assert frames.ndim == 4 and frames.is_contiguous(), "frames must be a contiguous [T, H, W, 3] tensor"
+        return patchify_packed(frames.view(-1), [0], [list(frames.shape[:3])], **kwargs)
+    return patchify_packed(*pack_frames(frames), **kwargs)
+
+
+def patch_embed_packed(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
+                       mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
+                       geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+    """Packed uint8 items + Conv3d weight [D, 3, tp, p, p] -> patch embeddings [sum(t*h*w), D], weight dtype."""
+    kw = dict(mean=mean, std=std, geometry=geometry)
+    if select_backend(buffer, weight) == "triton":
+        return _pe.patch_embed_packed_triton(buffer, offsets, thw, weight, **kw)
+    _pf.check_packed(buffer, offsets, thw, geometry)
+    return _pe.patch_embed_packed_reference(buffer, offsets, thw, weight, **kw)
+
+
+def patch_embed(frames: torch.Tensor | Sequence[torch.Tensor], weight: torch.Tensor, **kwargs) -> torch.Tensor:
+    """One item [T, H, W, 3] uint8, or a list of items -> patch embeddings [rows, D]."""
+    if isinstance(frames, torch.Tensor):
+        assert frames.ndim == 4 and frames.is_contiguous(), "frames must be a contiguous [T, H, W, 3] tensor"
+        return patch_embed_packed(frames.view(-1), [0], [list(frames.shape[:3])], weight, **kwargs)
+    return patch_embed_packed(*pack_frames(frames), weight, **kwargs)
+
+
+def vision_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [S, H, Dh] with cos, sin [S, Dh] float32 -> rotated (q, k), new tensors in the input dtype."""
+    if select_backend(q, k, cos, sin) == "triton":
+        return _vr.vision_rope_triton(q, k, cos, sin)
+    _vr.check_rope_args(q, k, cos, sin)
+    return _vr.vision_rope_reference(q, k, cos, sin)
+
+
+def vision_rope_from_grid(q: torch.Tensor, k: torch.Tensor, grid_thw: torch.Tensor | list, *,
+                          theta: float = 10000.0, merge_size: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """vision_rope with cos/sin built from the items' grids (compute them once per forward when looping)."""
+    cos, sin = vision_rope_cos_sin(grid_thw, q.shape[-1], theta=theta, merge_size=merge_size, device=q.device)
+    return vision_rope(q, k, cos, sin)
+
+
+def patch_merge(x: torch.Tensor, grid_thw: torch.Tensor | list, *, merge_size: int = 2,
+                inverse: bool = False) -> torch.Tensor:
+    """Raster-order rows [S, D] -> merge order [S, D] (or back); see patch_merge.py for when it is free."""
+    if select_backend(x) == "triton":
+        return _pm.patch_merge_triton(x, grid_thw, merge_size=merge_size, inverse=inverse)
+    return _pm.patch_merge_reference(x, grid_thw, merge_size=merge_size, inverse=inverse)
