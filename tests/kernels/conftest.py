@@ -1,0 +1,26 @@
+"""Kernel tests run Triton on CUDA when present, else in the CPU interpreter (set before triton is imported)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """The device Triton kernels run on here: CUDA on a GPU machine, CPU (interpreter) otherwise."""
+    return torch.device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from the dispatcher's automatic choice."""
+    monkeypatch.delenv("MM_INFER_KERNELS", raising=False)
+

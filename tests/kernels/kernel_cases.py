@@ -1,0 +1,48 @@
+"""Shared inputs for kernel tests: random frames, odd shape cases, golden HF pixel_values turned back to uint8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kernels.fused_patchify import CLIP_MEAN, CLIP_STD, norm_table
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_GOLDEN = REPO.parent / "shared" / "golden" / "qwen2vl"
+
+# (T, H, W): 1x1 merge grid, odd T, T=1 image, non-square both ways, rows not a multiple of any block.
+FRAME_CASES = [(1, 28, 28), (2, 28, 28), (3, 28, 56), (1, 56, 28), (5, 84, 56), (4, 56, 84)]
+# Several differently sized items in one packed batch.
+BATCH_CASE = [(1, 28, 28), (3, 56, 28), (2, 28, 84), (1, 84, 56)]
+
+
+def frames_u8(t: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
+    """Random uint8 RGB frames [T, H, W, 3] that include 0 and 255."""
+    g = torch.Generator().manual_seed(seed * 100003 + t * 1009 + h * 31 + w)
+    x = torch.randint(0, 256, (t, h, w, 3), dtype=torch.uint8, generator=g)
+    x.view(-1)[:2] = torch.tensor([0, 255], dtype=torch.uint8)
+    return x
+
+
+def packed_with_gaps(items: list[torch.Tensor], gap: int = 7) -> tuple[torch.Tensor, list[int], list[list[int]]]:
+    """Flat uint8 buffer holding the items with `gap` junk bytes before each (offsets are not a plain cumsum)."""
+    parts, offsets, pos = [], [], 0
+    for i, f in enumerate(items):
+        parts += [torch.full((gap,), 200 + i, dtype=torch.uint8), f.reshape(-1)]
+        offsets.append(pos + gap)
+        pos += gap + f.numel()
+    return torch.cat(parts), offsets, [list(f.shape[:3]) for f in items]
+
+
+def golden_frames(name: str, kind: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(uint8 frames [2t, H, W, 3], HF pixel_values [rows, 1176], grid) from a golden npz (HF -> uint8 exactly)."""
+    data = np.load(SHARED_GOLDEN / f"{name}.torchvision.npz")
+    pv = torch.from_numpy(data["pixel_values" if kind == "image" else "pixel_values_videos"])  # [rows, 1176]
+    t, h, w = (data["image_grid_thw" if kind == "image" else "video_grid_thw"][0]).tolist()
+    x = pv.reshape(t, h // 2, w // 2, 2, 2, 3, 2, 14, 14)  # gt, bh, bw, mh, mw, c, tt, py, px
+    x = x.permute(0, 6, 1, 3, 7, 2, 4, 8, 5).reshape(2 * t, h * 14, w * 14, 3)  # [T, H, W, C]
+    norm = norm_table(CLIP_MEAN, CLIP_STD, torch.device("cpu"))  # [2, C]
+    frames = (x * norm[1] + norm[0]).round().clamp(0, 255).to(torch.uint8).contiguous()
+    return frames, pv, [t, h, w]

@@ -1,0 +1,109 @@
+"""fused_patchify: Triton vs reference (bit-exact), HF golden parity, packed batches, launcher assertions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import BATCH_CASE, FRAME_CASES, SHARED_GOLDEN, frames_u8, golden_frames, packed_with_gaps
+
+from kernels.fused_patchify import (
+    QWEN2_VL,
+    PatchGeometry,
+    patchify_packed_reference,
+    patchify_packed_triton,
+    patchify_reference,
+    patchify_triton,
+)
+
+# Max abs difference allowed against the reference, per output dtype. Every entry is exact: the kernel
+# does the same single-rounding float32 ops (IEEE division) and round-to-nearest-even casts as torch.
+TOLERANCE = {torch.float32: 0.0, torch.bfloat16: 0.0, torch.float16: 0.0}
+DTYPES = list(TOLERANCE)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    diff = (out.float().cpu() - ref.float().cpu()).abs().max().item() if out.numel() else 0.0
+    assert diff <= TOLERANCE[out.dtype], f"{out.dtype}: max abs diff {diff}"
+
+
+@pytest.mark.parametrize("thw", FRAME_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_single_item_matches_reference(thw: tuple[int, int, int], dtype: torch.dtype, device: torch.device) -> None:
+    frames = frames_u8(*thw).to(device)
+    out = patchify_triton(frames, out_dtype=dtype)
+    t, h, w = thw
+    assert out.shape == (((t + 1) // 2) * (h // 14) * (w // 14), 1176)
+    assert_close(out, patchify_reference(frames, out_dtype=dtype))
+
+
+def test_odd_t_repeats_last_frame(device: torch.device) -> None:
+    frames = frames_u8(3, 28, 56).to(device)
+    padded = torch.cat([frames, frames[-1:]]).contiguous()
+    assert torch.equal(patchify_triton(frames), patchify_triton(padded))
+    image = frames[:1].contiguous()
+    assert torch.equal(patchify_triton(image), patchify_triton(torch.cat([image, image]).contiguous()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_batch_matches_reference(dtype: torch.dtype, device: torch.device) -> None:
+    items = [frames_u8(*thw, seed=i) for i, thw in enumerate(BATCH_CASE)]
+    buf, offs, thw = packed_with_gaps(items)
+    buf = buf.to(device)
+    out = patchify_packed_triton(buf, offs, thw, out_dtype=dtype)
+    assert_close(out, patchify_packed_reference(buf, offs, thw, out_dtype=dtype))
+    singles = torch.cat([patchify_triton(f.to(device), out_dtype=dtype) for f in items])
+    assert torch.equal(out, singles)
+
+
+def test_offsets_and_thw_as_tensors(device: torch.device) -> None:
+    items = [frames_u8(1, 28, 28), frames_u8(2, 56, 28)]
+    buf, offs, thw = packed_with_gaps(items, gap=3)
+    out = patchify_packed_triton(buf.to(device), torch.tensor(offs), torch.tensor(thw))
+    assert torch.equal(out, patchify_packed_triton(buf.to(device), offs, thw))
+
+
+def test_other_geometry_and_norm(device: torch.device) -> None:
+    geo = PatchGeometry(patch_size=16, temporal_patch_size=2, merge_size=2)  # Qwen3-VL-like patches
+    frames = frames_u8(3, 32, 64).to(device)
+    kw = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), geometry=geo)
+    out = patchify_triton(frames, **kw)
+    assert out.shape == (2 * 2 * 4, geo.width)
+    assert_close(out, patchify_reference(frames, **kw))
+
+
+@pytest.mark.skipif(not SHARED_GOLDEN.is_dir(), reason="shared golden outputs not present")
+@pytest.mark.parametrize(("name", "kind"), [("tiny_9x13.png", "image"), ("strip_wide.png", "image"),
+                                            ("half_round_42x126.png", "image"), ("odd7_h264_2fps.mp4", "video")])
+def test_matches_hf_golden_bit_for_bit(name: str, kind: str, device: torch.device) -> None:
+    frames, golden, grid = golden_frames(name, kind)
+    if kind == "image":
+        frames = frames[:1].contiguous()  # T=1: the kernel pads it to 2 as HF does
+    out = patchify_triton(frames.to(device)).cpu()
+    assert list(QWEN2_VL.grid(frames.shape[:3])) == grid
+    assert torch.equal(out, golden), f"max abs diff {(out - golden).abs().max().item()}"
+
+
+def test_assertions(device: torch.device) -> None:
+    frames = frames_u8(1, 28, 56).to(device)
+    with pytest.raises(AssertionError, match="uint8"):
+        patchify_triton(frames.float())
+    with pytest.raises(AssertionError, match="contiguous"):
+        patchify_triton(frames.transpose(1, 2))
+    with pytest.raises(AssertionError, match=r"\[T,H,W,3\]"):
+        patchify_triton(frames[0])
+    with pytest.raises(AssertionError, match="multiples of 28"):
+        patchify_triton(frames_u8(1, 28, 42).to(device))
+    with pytest.raises(AssertionError, match="out_dtype"):
+        patchify_triton(frames, out_dtype=torch.int32)
+    buf = frames.view(-1)
+    with pytest.raises(AssertionError, match="overruns"):
+        patchify_packed_triton(buf, [8], [[1, 28, 56]])
+    with pytest.raises(AssertionError, match="offsets"):
+        patchify_packed_triton(buf, [0, 0], [[1, 28, 28]])
+    with pytest.raises(AssertionError, match="1-D"):
+        patchify_packed_triton(frames, [0], [[1, 28, 56]])
+    with pytest.raises(ValueError, match="positive"):
+        patchify_packed_triton(buf, [0], [[0, 28, 56]])
+    with pytest.raises(ValueError, match=r"\[n, 3\]"):
+        patchify_packed_triton(buf, [0], torch.tensor([1, 28, 56]))
