@@ -1,0 +1,71 @@
+"""Qwen2 decoder stack over flat token batches: GQA attention with M-RoPE, SwiGLU MLP, RMSNorm."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mm_infer.models.attention import AttentionContext
+from mm_infer.models.config import TextConfig
+from mm_infer.models.layers import GatedMLP, RMSNorm, apply_rotary, mrope_cos_sin, rope_inv_freq
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=True)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=True)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=True)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext) -> Tensor:  # [N, D]
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # [N, Hq, d]
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, d]
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, d]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = ctx.attend(self.layer_idx, q, k, v)  # [N, Hq, d]
+        return self.o_proj(out.reshape(n, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(cfg, layer_idx)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextModel(nn.Module):
+    """Token embeddings, decoder layers and final norm (HF `model.language_model.*`)."""
+
+    def __init__(self, cfg: TextConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim)  # float32, deliberately not a buffer
+
+    def forward(self, inputs_embeds: Tensor, positions: Tensor, ctx: AttentionContext) -> Tensor:
+        """inputs_embeds [N, D], positions [3, N] -> final-normed hidden [N, D]."""
+        if positions.dim() != 2 or positions.shape != (3, inputs_embeds.shape[0]):
+            n = inputs_embeds.shape[0]
+            raise ValueError(f"positions must be [3, {n}], got {tuple(positions.shape)}")
+        inv_freq = self.inv_freq.to(positions.device)
+        cos, sin = mrope_cos_sin(positions, inv_freq, self.cfg.mrope_section, inputs_embeds.dtype)  # [N, d]
+        x = inputs_embeds
+        for layer in self.layers:
+            x = layer(x, cos, sin, ctx)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def embed(self, input_ids: Tensor) -> Tensor:  # [N] -> [N, D]
+        return self.embed_tokens(input_ids)

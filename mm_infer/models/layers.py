@@ -1,0 +1,85 @@
+"""Shared building blocks: RMSNorm, SwiGLU MLP, activations and rotary (RoPE / M-RoPE) helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def quick_gelu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "quick_gelu": quick_gelu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unsupported activation {name!r}; known: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class RMSNorm(nn.Module):
+    """y = w * (x / rms(x)), normalised in float32 and cast back before the weight (as HF Qwen2)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., D] -> [..., D]
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); SwiGLU when act is silu."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self.act = activation(act)
+
+    def forward(self, x: Tensor) -> Tensor:  # [N, D] -> [N, D]
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_inv_freq(theta: float, dim: int) -> Tensor:
+    """[dim/2] float32 inverse frequencies, computed exactly as HF does."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim))
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [N, H, d]; cos/sin: [N, d] (broadcast over heads)."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def mrope_cos_sin(
+    positions: Tensor, inv_freq: Tensor, mrope_section: tuple[int, ...], dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """positions [3, N] (t, h, w) -> cos, sin [N, head_dim] in `dtype`.
+
+    Frequency chunk i of sizes `mrope_section` takes its angle from position row i % 3; the
+    chunks are concatenated and then duplicated to cover both rotate_half halves.
+    """
+    freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [3, N, d/2]
+    chunks = freqs.split(list(mrope_section), dim=-1)
+    freqs = torch.cat([c[i % 3] for i, c in enumerate(chunks)], dim=-1)  # [N, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [N, d]
+    return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -1,0 +1,113 @@
+"""Qwen2-VL vision tower: patch embed, 2D-RoPE blocks with per-frame attention, patch merger."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mm_infer.models.config import VisionConfig
+from mm_infer.models.layers import activation, rope_inv_freq
+from mm_infer.models.vision_ops import (
+    apply_vision_rope,
+    cu_seqlens_from_grid,
+    merge_patches,
+    patch_embed,
+    varlen_attention,
+    vision_position_ids,
+    vision_rope_cos_sin,
+)
+
+
+class PatchEmbed(nn.Module):
+    """Holds the Conv3d kernel flattened to [D, C*T*ph*pw]; HF's 5-D kernel is reshaped at load time."""
+
+    def __init__(self, patch_dim: int, embed_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(embed_dim, patch_dim))
+
+    def forward(self, pixel_values: Tensor) -> Tensor:  # [P, patch_dim] -> [P, D]
+        return patch_embed(pixel_values, self.weight)
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=True)
+        self.proj = nn.Linear(dim, dim, bias=True)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # [P, D]
+        p = x.shape[0]
+        q, k, v = self.qkv(x).reshape(p, 3, self.num_heads, -1).unbind(1)  # 3 x [P, H, d]
+        q, k = apply_vision_rope(q, k, cos, sin)
+        out = varlen_attention(q, k, v, cu_seqlens)  # [P, H, d]
+        return self.proj(out.reshape(p, -1))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, act: str) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.act = activation(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class VisionBlock(nn.Module):
+    """Pre-norm block; `norm` and `mlp` differ between Qwen2-VL and Qwen2.5-VL."""
+
+    def __init__(self, dim: int, num_heads: int, norm1: nn.Module, norm2: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.norm1, self.norm2, self.mlp = norm1, norm2, mlp
+        self.attn = VisionAttention(dim, num_heads)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x), cu_seqlens, cos, sin)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """norm, then each merge x merge block of patches concatenated -> MLP -> LM hidden size."""
+
+    def __init__(self, embed_dim: int, out_dim: int, merge: int, ln_q: nn.Module) -> None:
+        super().__init__()
+        self.merge = merge
+        self.ln_q = ln_q
+        hidden = embed_dim * merge * merge
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
+
+    def forward(self, x: Tensor) -> Tensor:  # [P, E] -> [P/merge^2, out_dim]
+        return self.mlp(merge_patches(self.ln_q(x), self.merge))
+
+
+class Qwen2VisionTower(nn.Module):
+    """pixel_values [P, patch_dim], grid_thw [M, 3] -> merged embeddings [P/merge^2, out_dim]."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        e = cfg.embed_dim
+        self.patch_embed = PatchEmbed(cfg.patch_dim, e)
+        self.blocks = nn.ModuleList(
+            VisionBlock(
+                e,
+                cfg.num_heads,
+                nn.LayerNorm(e, eps=1e-6),
+                nn.LayerNorm(e, eps=1e-6),
+                VisionMLP(e, cfg.mlp_hidden, cfg.hidden_act),
+            )
+            for _ in range(cfg.depth)
+        )
+        self.merger = PatchMerger(e, cfg.out_dim, cfg.spatial_merge_size, nn.LayerNorm(e, eps=1e-6))
+        self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim // 2)  # float32, deliberately not a buffer
+
+    def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tensor:
+        x = self.patch_embed(pixel_values)  # [P, E]
+        pos = vision_position_ids(grid_thw, self.cfg.spatial_merge_size).to(x.device)  # [P, 2]
+        cos, sin = vision_rope_cos_sin(pos, self.inv_freq.to(x.device))  # [P, d] float32
+        cu_seqlens = cu_seqlens_from_grid(grid_thw)
+        for blk in self.blocks:
+            x = blk(x, cu_seqlens, cos, sin)
+        return self.merger(x)

@@ -1,0 +1,1 @@
+"""Prompt-side helpers: chat templating, placeholder expansion, M-RoPE positions."""

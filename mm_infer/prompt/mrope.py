@@ -1,0 +1,96 @@
+"""M-RoPE (t, h, w) position ids for text, image and video tokens, equal to HF 5's get_rope_index."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import groupby
+
+import torch
+from torch import Tensor
+
+TEXT, IMAGE, VIDEO = 0, 1, 2
+
+
+def _as_grid(grid: Tensor | Sequence[Sequence[int]] | None) -> list[list[int]]:
+    if grid is None:
+        return []
+    return torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3).tolist()
+
+
+def vision_positions(start: int, grid_thw: Sequence[int], merge: int, time_interval: float = 1.0) -> Tensor:
+    """[3, t*h*w/merge^2] positions of one media item's tokens, offset by `start`.
+
+    Temporal ids are floor(frame_index * time_interval) (float32 math, as HF), then + start.
+    """
+    t, h, w = (int(x) for x in grid_thw)
+    gh, gw = h // merge, w // merge
+    interval = torch.tensor(time_interval, dtype=torch.float32)
+    tpos = (torch.arange(t) * interval).long() + start  # [t]
+    hpos = torch.arange(gh) + start  # [gh]
+    wpos = torch.arange(gw) + start  # [gw]
+    grid = torch.meshgrid(tpos, hpos, wpos, indexing="ij")  # 3 x [t, gh, gw]
+    return torch.stack(grid).reshape(3, -1)
+
+
+def get_mrope_positions(
+    input_ids: Sequence[int] | Tensor,
+    image_grid_thw: Tensor | Sequence[Sequence[int]] | None,
+    video_grid_thw: Tensor | Sequence[Sequence[int]] | None,
+    *,
+    image_token_id: int,
+    video_token_id: int,
+    vision_start_token_id: int | None = None,
+    spatial_merge_size: int,
+    tokens_per_second: float | None = None,
+    second_per_grid_ts: Sequence[float] | Tensor | None = None,
+) -> tuple[Tensor, int]:
+    """Positions [3, N] for one sequence and the decode delta (next position = seq index + delta).
+
+    A maximal run of image (video) pad tokens is one image (video), consumed in order from its grid
+    list; its length must be t*h*w/merge^2. Text continues at run start + max(h, w)/merge (HF 5
+    rule). Videos use time_interval = tokens_per_second * second_per_grid_ts[i] when
+    tokens_per_second is given (Qwen2.5-VL; second_per_grid_ts defaults to 1), else 1 (Qwen2-VL).
+    If vision_start_token_id is given, every run must directly follow that token.
+    """
+    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).cpu()
+    types = torch.zeros_like(ids)
+    types[ids == image_token_id] = IMAGE
+    types[ids == video_token_id] = VIDEO
+    grids = {IMAGE: iter(_as_grid(image_grid_thw)), VIDEO: iter(_as_grid(video_grid_thw))}
+    seconds = iter([1.0] * len(_as_grid(video_grid_thw)) if second_per_grid_ts is None
+                   else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1).tolist())
+    parts: list[Tensor] = []
+    pos = 0
+    idx = 0
+    for kind, run in groupby(types.tolist()):
+        length = len(list(run))
+        if kind == TEXT:
+            parts.append((torch.arange(length) + pos).expand(3, -1))
+            pos += length
+        else:
+            name = "image" if kind == IMAGE else "video"
+            grid = next(grids[kind], None)
+            if grid is None:
+                raise ValueError(f"more {name} token runs than {name} grids")
+            if length != grid[0] * grid[1] * grid[2] // spatial_merge_size**2:
+                raise ValueError(f"{name} run at token {idx} has {length} tokens, grid {grid} needs "
+                                 f"{grid[0] * grid[1] * grid[2] // spatial_merge_size**2}")
+            if vision_start_token_id is not None and (idx == 0 or int(ids[idx - 1]) != vision_start_token_id):
+                raise ValueError(f"{name} run at token {idx} does not follow the vision start token")
+            interval = 1.0
+            if kind == VIDEO and tokens_per_second is not None:
+                interval = float(torch.tensor(next(seconds), dtype=torch.float32) * tokens_per_second)
+            parts.append(vision_positions(pos, grid, spatial_merge_size, interval))
+            pos += max(grid[1], grid[2]) // spatial_merge_size
+        idx += length
+    for kind, it in grids.items():
+        if next(it, None) is not None:
+            raise ValueError(f"more {'image' if kind == IMAGE else 'video'} grids than token runs")
+    positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+    delta = int(positions.max()) + 1 - ids.numel() if ids.numel() else 0
+    return positions, delta
+
+
+def decode_positions(start: int, count: int, delta: int) -> Tensor:
+    """[3, count] positions of tokens at sequence indices start .. start+count-1 after the prompt."""
+    return (torch.arange(start, start + count) + delta).expand(3, -1).clone()
