@@ -42,7 +42,8 @@ def open_image(encoded: EncodedMedia, *, limits: MediaLimits = DEFAULT_LIMITS,
             raise MediaUnsupportedError(f"{encoded.origin} is {kind}, which is not a supported image format") from None
         raise MediaDecodeError(f"{encoded.origin} is not a decodable image") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise MediaTooLargeError(f"{encoded.origin}: {e}") from None
+        raise MediaTooLargeError(f"{encoded.origin}: {e} It was refused before decoding (our limit is "
+                                 f"{limits.max_image_pixels} pixels)") from None
     except (OSError, ValueError, SyntaxError) as e:
         raise MediaDecodeError(f"{encoded.origin} is not a decodable image: {e}") from None
     if image.format not in SUPPORTED_IMAGE_FORMATS:
