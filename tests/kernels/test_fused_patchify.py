@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kernel_cases import BATCH_CASE, FRAME_CASES, SHARED_GOLDEN, frames_u8, golden_frames, packed_with_gaps
 
 from kernels.fused_patchify import (
@@ -107,3 +109,15 @@ def test_assertions(device: torch.device) -> None:
         patchify_packed_triton(buf, [0], [[0, 28, 56]])
     with pytest.raises(ValueError, match=r"\[n, 3\]"):
         patchify_packed_triton(buf, [0], torch.tensor([1, 28, 56]))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_random_batches_match_reference(sizes: list[tuple[int, int, int]], dtype: torch.dtype, seed: int,
+                                        device: torch.device) -> None:
+    items = [frames_u8(t, 28 * h, 28 * w, seed=seed + i) for i, (t, h, w) in enumerate(sizes)]
+    buf, offs, thw = packed_with_gaps(items, gap=seed % 5)
+    buf = buf.to(device)
+    assert_close(patchify_packed_triton(buf, offs, thw, out_dtype=dtype),
+                 patchify_packed_reference(buf, offs, thw, out_dtype=dtype))
