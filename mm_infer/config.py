@@ -1,0 +1,106 @@
+"""Frozen engine configuration, one dataclass per concern, plus the runtime values known after start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache and encoder cache sizing."""
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: derive from kv_cache_memory_bytes
+    kv_cache_memory_bytes: int = 256 << 20
+    enable_prefix_caching: bool = True
+    encoder_cache_items: int = 256  # vision embeddings kept (LRU)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits for one engine step."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # chunked-prefill token budget per step
+    max_encoder_tokens_per_step: int = 16384  # vision patches encoded per step
+    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_encoder_tokens_per_step < 1:
+            raise ValueError("scheduler limits must be >= 1")
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    """Preprocessing defaults; None fields come from the checkpoint's preprocessor configs."""
+
+    image_min_pixels: int | None = None
+    image_max_pixels: int | None = None
+    video_min_pixels: int | None = None
+    video_max_pixels: int | None = None
+    video_fps: float = 2.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything needed to start an engine on one device."""
+
+    model_dir: str
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"
+    seed: int = 0
+    weight_version: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    media: MediaConfig = field(default_factory=MediaConfig)
+
+    @staticmethod
+    def from_options(model_dir: str, **options: object) -> EngineConfig:
+        """Build from flat keyword options (vLLM-style names), routing each to its concern."""
+        groups: dict[type, dict[str, object]] = {CacheConfig: {}, SchedulerConfig: {}, MediaConfig: {}}
+        top: dict[str, object] = {}
+        top_names = {"dtype", "device", "seed", "weight_version"}
+        for key, value in options.items():
+            owner = next((cls for cls in groups if key in cls.__dataclass_fields__), None)
+            if owner is not None:
+                groups[owner][key] = value
+            elif key in top_names:
+                top[key] = value
+            else:
+                raise TypeError(f"unknown engine option {key!r}")
+        return EngineConfig(model_dir=model_dir, cache=CacheConfig(**groups[CacheConfig]),
+                            scheduler=SchedulerConfig(**groups[SchedulerConfig]),
+                            media=MediaConfig(**groups[MediaConfig]), **top)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Token ids the engine treats specially."""
+
+    image_pad_id: int
+    video_pad_id: int
+    vision_start_id: int
+    vision_end_id: int
+    eos_ids: tuple[int, ...] = ()
+
+    @property
+    def pad_ids(self) -> tuple[int, int]:
+        return (self.image_pad_id, self.video_pad_id)
+
+
+@dataclass(frozen=True)
+class EngineRuntime:
+    """Values known only after the model is loaded and the cache is sized."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    merge_size: int
+    special: SpecialTokens

@@ -1,0 +1,1 @@
+"""The serving engine: requests, scheduling, paged KV, caches, sampling, and the three entry points."""

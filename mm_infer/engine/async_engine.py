@@ -1,0 +1,91 @@
+"""AsyncEngine: LLMEngine stepped on a background thread, one asyncio stream per request, abort on cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.sampling import SamplingParams
+
+
+class AsyncEngine:
+    """Thread-safe front: generate() yields a RequestOutput snapshot per step until finished."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="mm-infer-engine", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def from_options(model_dir: str, **options: Any) -> AsyncEngine:
+        return AsyncEngine(LLMEngine.from_options(model_dir, **options))
+
+    async def generate(self, prompt: str | Mapping[str, Any], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream snapshots of one request; cancelling (or closing) the iterator aborts the request."""
+        rid = request_id or f"async-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        req = await loop.run_in_executor(None, self.engine.prepare, prompt)  # media work off the event loop
+        with self._lock:
+            self.engine.add_request(rid, req, params)
+            self._streams[rid] = (loop, queue)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(rid, notify=False)
+
+    def abort(self, request_id: str, notify: bool = True) -> None:
+        """Abort a request; with notify, its stream receives a final output with finish_reason "abort"."""
+        with self._lock:
+            if not notify:
+                self._streams.pop(request_id, None)
+            self.engine.abort(request_id)
+        self._wake.set()
+
+    def _deliver(self, rid: str, item: Any, last: bool) -> None:
+        stream = self._streams.pop(rid, None) if last else self._streams.get(rid)
+        if stream is not None:
+            loop, queue = stream
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _loop(self) -> None:
+        while not self._stop:
+            try:
+                with self._lock:
+                    outputs = self.engine.step() if self.engine.has_unfinished() else None
+                    for out in outputs or ():
+                        self._deliver(out.request_id, out, out.finished)
+            except Exception as exc:  # the engine is broken: fail every open stream rather than hang
+                with self._lock:
+                    for rid in list(self._streams):
+                        self._deliver(rid, exc, True)
+                outputs = None
+            if outputs is None:
+                self._wake.wait(timeout=0.05)
+                self._wake.clear()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=5)

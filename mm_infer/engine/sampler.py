@@ -1,0 +1,93 @@
+"""Sampler: logits processing (bias, masks, penalties, temperature, top-k/p, min-p), seeded draws, logprobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mm_infer.engine.sequence import Sequence
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float]  # of the sampled token, per logprobs_mode
+    top_logprobs: list[dict[int, float] | None]
+
+
+def _apply_penalties(row: Tensor, seq: Sequence) -> None:
+    """In place on row [V], vLLM semantics: repetition over prompt+output, presence/frequency over output."""
+    p = seq.params
+    vocab = row.shape[0]
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+        seen[torch.tensor(seq.token_ids, device=row.device)] = True
+        row[seen] = torch.where(row[seen] > 0, row[seen] / p.repetition_penalty, row[seen] * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
+        counts = torch.bincount(torch.tensor(seq.output_token_ids, device=row.device), minlength=vocab)[:vocab]
+        row -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def _truncate(row: Tensor, top_k: int, top_p: float, min_p: float) -> None:
+    """In place on temperature-scaled row [V]: mask tokens outside top-k, the top-p nucleus, or below min-p."""
+    if top_k and top_k < row.shape[0]:
+        kth = torch.topk(row, top_k).values[-1]
+        row[row < kth] = float("-inf")
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix reaching top_p
+        row[order[drop]] = float("-inf")
+    if min_p > 0.0:
+        probs = torch.softmax(row, dim=-1)
+        row[probs < min_p * probs.max()] = float("-inf")
+
+
+class Sampler:
+    """One row per sequence; every random draw uses the sequence's own generator (batch-independent)."""
+
+    def __init__(self, never_sample: Seq[int], eos_ids: Seq[int]) -> None:
+        self.never_sample = list(never_sample)
+        self.eos_ids = list(eos_ids)
+
+    def __call__(self, logits: Tensor, seqs: list[Sequence]) -> SampleResult:
+        """logits [S, V] float32, one row per sequence."""
+        raw = torch.log_softmax(logits, dim=-1)  # [S, V]
+        x = logits.clone()
+        if self.never_sample:
+            x[:, self.never_sample] = float("-inf")
+        for i, seq in enumerate(seqs):
+            p = seq.params
+            if p.logit_bias:
+                idx = torch.tensor(list(p.logit_bias), device=x.device)
+                x[i, idx] += torch.tensor(list(p.logit_bias.values()), dtype=x.dtype, device=x.device)
+            if seq.num_output_tokens < p.min_tokens:
+                blocked = list(p.stop_token_ids or []) + ([] if p.ignore_eos else self.eos_ids)
+                if blocked:
+                    x[i, blocked] = float("-inf")
+            if p.has_penalties:
+                _apply_penalties(x[i], seq)
+            if not p.greedy:
+                x[i] /= p.temperature
+                _truncate(x[i], p.top_k, p.top_p, p.min_p)
+        processed = torch.log_softmax(x, dim=-1)  # [S, V]
+        tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
+        for i, seq in enumerate(seqs):
+            if not seq.params.greedy:
+                noise = torch.empty_like(processed[i]).exponential_(generator=seq.generator)  # [V]
+                tokens[i] = torch.argmax(processed[i].exp() / noise)
+        token_list = tokens.tolist()
+        result = SampleResult(token_list, [], [])
+        for i, seq in enumerate(seqs):
+            source = raw if seq.params.logprobs_mode == "raw_logprobs" else processed
+            result.logprobs.append(float(source[i, token_list[i]]))
+            k = seq.params.logprobs
+            if k:
+                values, idx = torch.topk(source[i], k)
+                result.top_logprobs.append(dict(zip(idx.tolist(), values.tolist(), strict=True)))
+            else:
+                result.top_logprobs.append(None)
+        return result

@@ -1,0 +1,107 @@
+"""Sequence: one sample's token state, blocks and outputs; SequenceGroup: the n samples of one request."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import itertools
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any
+
+from mm_infer.engine.sampling import SamplingParams
+from mm_infer.prompt.placeholders import PlaceholderRange
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SequenceGroup:
+    """The samples of one request; `payload` carries the model-side request (tensors), opaque here."""
+
+    request_id: str
+    params: SamplingParams
+    placeholders: list[PlaceholderRange]
+    item_patches: list[int]  # vision patches per media item (encoder budget), prompt order
+    payload: Any = None
+    seqs: list[Sequence] = field(default_factory=list)
+    aborted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
+
+
+_seq_counter = itertools.count()
+
+
+class Sequence:
+    """Tokens (expanded prompt + generated), KV block table, progress and outputs of one sample."""
+
+    def __init__(self, group: SequenceGroup, prompt_token_ids: list[int], index: int = 0) -> None:
+        self.seq_id = next(_seq_counter)
+        self.group = group
+        self.index = index
+        self.params = group.params.for_sample(index)
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of the first len() full blocks
+        self.status = SequenceStatus.WAITING
+        self.logprobs: list[float] = []
+        self.top_logprobs: list[dict[int, float]] = []
+        self.prompt_logprobs: list[float | None] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.text = ""
+        self.generator: Any = None  # torch.Generator, set by the engine
+        self.num_preemptions = 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def in_prompt(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def items_in(self, start: int, end: int) -> list[PlaceholderRange]:
+        """Placeholder ranges that intersect token positions [start, end)."""
+        ranges = self.group.placeholders
+        if not ranges or start >= self.num_prompt_tokens:
+            return []
+        hi = bisect_right([r.offset for r in ranges], end - 1)
+        return [r for r in ranges[:hi] if r.end > start]
+
+    def block_hash(self, block_idx: int, block_size: int) -> bytes:
+        """Chained hash of full block block_idx: parent hash, token ids, and media in the block."""
+        while len(self.block_hashes) <= block_idx:
+            i = len(self.block_hashes)
+            start, end = i * block_size, (i + 1) * block_size
+            h = hashlib.blake2b(self.block_hashes[-1] if i else b"root", digest_size=16)
+            h.update(repr(self.token_ids[start:end]).encode())
+            for r in self.items_in(start, end):  # same text + different media never collide
+                h.update(f"|{r.modality}:{r.content_hash}:{max(start - r.offset, 0)}".encode())
+            self.block_hashes.append(h.digest())
+        return self.block_hashes[block_idx]

@@ -1,0 +1,80 @@
+"""A light tokenizer on the `tokenizers` backend + the checkpoint's jinja chat template (no transformers import)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+def _compile_template(source: str) -> Any:
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+class Tokenizer:
+    """encode / decode / apply_chat_template with HF semantics for Qwen-style checkpoints."""
+
+    def __init__(self, backend: Any, chat_template: str | None, special: Mapping[str, str | None]) -> None:
+        self.backend = backend
+        self.chat_template = chat_template
+        self.special = dict(special)
+        self._compiled: Any = None
+
+    @staticmethod
+    def from_pretrained(model_dir: str | Path) -> Tokenizer:
+        from tokenizers import Tokenizer as Backend
+
+        root = Path(model_dir)
+        config = json.loads((root / "tokenizer_config.json").read_text()) if (
+            root / "tokenizer_config.json").exists() else {}
+        template = config.get("chat_template")
+        if (root / "chat_template.jinja").exists():
+            template = (root / "chat_template.jinja").read_text()
+        special = {k: config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        special = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in special.items()}
+        return Tokenizer(Backend.from_file(str(root / "tokenizer.json")), template, special)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = self.special.get("eos_token")
+        return None if eos is None else self.backend.token_to_id(eos)
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], tokenize: bool = True,
+                            add_generation_prompt: bool = False, **kwargs: Any) -> list[int] | str:
+        if self.chat_template is None:
+            raise ValueError("this checkpoint has no chat template")
+        if self._compiled is None:
+            self._compiled = _compile_template(self.chat_template)
+        text = self._compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                     **{**self.special, **kwargs})
+        return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -1,0 +1,72 @@
+"""Offline API: LLM(model_dir, dtype="auto", **engine_options).generate(prompts, sampling_params)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.sampling import SamplingParams
+
+Prompt = str | Mapping[str, Any]
+
+
+class LLM:
+    """Load once, then generate for whole prompt lists with continuous batching."""
+
+    def __init__(self, model_dir: str, dtype: str = "auto", tokenizer: Any = None, **engine_options: Any) -> None:
+        start = time.perf_counter()
+        self.engine = LLMEngine.from_options(model_dir, tokenizer=tokenizer, dtype=dtype, **engine_options)
+        self.startup_seconds = time.perf_counter() - start
+        self._counter = 0
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order."""
+        if isinstance(prompts, (str, Mapping)):
+            prompts = [prompts]
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        requests = [self.engine.prepare(p) for p in prompts]  # bad input fails before anything is queued
+        ids: list[str] = []
+        try:
+            for req, p in zip(requests, params, strict=True):
+                ids.append(f"gen-{self._counter}")
+                self._counter += 1
+                self.engine.add_request(ids[-1], req, p)
+        except Exception:
+            self.engine.abort_many(ids)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        wanted = set(ids)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
+        try:
+            while len(done) < len(ids) and self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished and out.request_id in wanted and out.request_id not in done:
+                        done[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[i] for i in ids]
+
+    def update_weights(self, named_tensors: Any, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
