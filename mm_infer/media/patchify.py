@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -67,10 +68,38 @@ def patchify(frames: torch.Tensor, spec: PatchSpec = DEFAULT_SPEC) -> tuple[torc
     p, tp, m = spec.patch_size, spec.temporal_patch_size, spec.merge_size
     if h % (p * m) or w % (p * m):
         raise ValueError(f"frame size {h}x{w} is not a multiple of {p * m}")
-    if pad := -t % tp:
+    if t == 1:
+        frames = frames.expand(tp, c, h, w)  # one picture fills the temporal patch: a view, no copy
+        t = tp
+    elif pad := -t % tp:
         frames = torch.cat([frames, frames[-1:].expand(pad, c, h, w)], dim=0)  # [T+pad, C, H, W]
         t += pad
     gt, gh, gw = t // tp, h // p, w // p
     x = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
     x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # [gt, gh/m, gw/m, m, m, C, tp, p, p]
     return x.reshape(gt * gh * gw, c * tp * p * p), (gt, gh, gw)
+
+
+@lru_cache(maxsize=16)
+def normalization_lut(backend: Backend, spec: PatchSpec = DEFAULT_SPEC) -> np.ndarray:
+    """float32 [3, 256]: `normalize` applied to every uint8 value, so a gather replaces the arithmetic.
+
+    Element-wise float arithmetic is deterministic, so the table reproduces `normalize` bit for bit.
+    """
+    values = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256).contiguous()
+    return normalize(values, backend, spec)[0, :, 0, :].numpy().copy()
+
+
+def frames_to_rows(frames: torch.Tensor, backend: Backend,
+                   spec: PatchSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """uint8 [T, 3, H, W] -> (float32 rows [patches, 3*tp*p*p], grid): patchify the bytes, then gather.
+
+    Equal to `patchify(normalize(frames))` bit for bit; moving uint8 before floats is ~4x less traffic.
+    """
+    rows_u8, grid = patchify(frames, spec)  # [P, 3*tp*p*p] uint8
+    lut = normalization_lut(backend, spec)
+    src = rows_u8.numpy().reshape(rows_u8.shape[0], 3, -1)  # [P, 3, tp*p*p]
+    out = np.empty(src.shape, dtype=np.float32)
+    for c in range(3):
+        np.take(lut[c], src[:, c], out=out[:, c], mode="clip")
+    return torch.from_numpy(out.reshape(rows_u8.shape)), grid

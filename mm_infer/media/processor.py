@@ -14,7 +14,7 @@ from mm_infer.media.frame_sampling import check_indices, sample_indices
 from mm_infer.media.image import check_pil_image, open_image, to_rgb
 from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
 from mm_infer.media.packed import PackedTensor
-from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, normalize, patchify
+from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, frames_to_rows
 from mm_infer.media.resize import resize_frames_torch, resize_image_pil, smart_resize
 from mm_infer.media.sources import MediaInput, array_digest, is_encoded, options_digest, pil_digest, read_encoded
 from mm_infer.media.video import choose_decoder, decode_frames, probe
@@ -81,10 +81,6 @@ def _to_pixels(frames: np.ndarray | Sequence[Image.Image], size: tuple[int, int]
     return resize_frames_torch(x, size)
 
 
-def _rows(frames: torch.Tensor, backend: str, spec: PatchSpec) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    return patchify(normalize(frames, backend, spec), spec)
-
-
 def _image_array(item: MediaInput) -> np.ndarray:
     arr = item.cpu().numpy() if isinstance(item, torch.Tensor) else np.asarray(item)
     if arr.dtype != np.uint8:
@@ -124,7 +120,7 @@ def process_image(item: MediaInput, opts: ImageOptions, limits: MediaLimits = DE
     height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
     size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, opts.max_pixels)
     frames = [image] if opts.backend == "pil" else np.array(image)[None]  # [1, H, W, 3], writable
-    rows, grid = _rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
+    rows, grid = frames_to_rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
     key = options_digest(digest, ("image", opts))
     return PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.ones(1, dtype=torch.long), [key])
 
@@ -182,7 +178,7 @@ def process_video(item: MediaInput, opts: VideoOptions,
         raise MediaUnsupportedError(f"unsupported video input of type {type(item).__name__}")
     height, width = frames.shape[1:3]
     size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, _frame_budget(opts, len(frames)))
-    rows, grid = _rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
+    rows, grid = frames_to_rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
     key = options_digest(digest, ("video", opts, meta.decoder))
     packed = PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.tensor([len(frames)]), [key])
     return packed, meta
