@@ -6,7 +6,6 @@ import pytest
 import torch
 from kernel_cases import frames_u8
 
-import kernels
 from kernels import dispatch
 from kernels import fused_patchify as pf
 
@@ -51,12 +50,12 @@ def test_env_switch_routes_the_call(monkeypatch: pytest.MonkeyPatch, device: tor
     monkeypatch.setattr(pf, "patchify_packed_triton", counting)
     frames = frames_u8(1, 28, 28).to(device)
     monkeypatch.setenv("MM_INFER_KERNELS", "torch")
-    ref = kernels.patchify(frames)
+    ref = dispatch.patchify(frames)
     assert calls == []
     monkeypatch.setenv("MM_INFER_KERNELS", "triton")
     if device.type == "cpu" and not dispatch.interpreting():
         pytest.skip("CPU tensors need the interpreter")
-    out = kernels.patchify(frames)
+    out = dispatch.patchify(frames)
     assert calls == ["triton"] and torch.equal(out, ref)
 
 
@@ -76,25 +75,25 @@ def test_backends_agree(monkeypatch: pytest.MonkeyPatch, device: torch.device) -
     if device.type == "cpu" and not dispatch.interpreting():
         pytest.skip("CPU tensors need the interpreter")
     items = [frames_u8(1, 28, 28).to(device), frames_u8(3, 56, 28, seed=1).to(device)]
-    a, b = both(monkeypatch, kernels.patchify, items, out_dtype=torch.bfloat16)
+    a, b = both(monkeypatch, dispatch.patchify, items, out_dtype=torch.bfloat16)
     assert a.shape == (4 + 16, 1176) and max_diff(a, b) <= TOLERANCE["patchify"]
-    buf, offs, thw = kernels.pack_frames(items)
-    assert torch.equal(kernels.grid_thw(thw), torch.tensor([[1, 2, 2], [2, 4, 2]]))
+    buf, offs, thw = dispatch.pack_frames(items)
+    assert torch.equal(dispatch.grid_thw(thw), torch.tensor([[1, 2, 2], [2, 4, 2]]))
     w = torch.randn(24, 3, 2, 14, 14, device=device) * 0.02
-    a, b = both(monkeypatch, kernels.patch_embed_packed, buf, offs, thw, w)
+    a, b = both(monkeypatch, dispatch.patch_embed_packed, buf, offs, thw, w)
     assert max_diff(a, b) <= TOLERANCE["patch_embed_fp32"] * b.abs().max().item()
-    grid = kernels.grid_thw(thw)
+    grid = dispatch.grid_thw(thw)
     q, k = torch.randn(2, 20, 2, 16, device=device)
-    (qa, ka), (qb, kb) = both(monkeypatch, kernels.vision_rope_from_grid, q, k, grid)
+    (qa, ka), (qb, kb) = both(monkeypatch, dispatch.vision_rope_from_grid, q, k, grid)
     assert max(max_diff(qa, qb), max_diff(ka, kb)) <= TOLERANCE["vision_rope"]
-    a, b = both(monkeypatch, kernels.patch_merge, torch.randn(20, 40, device=device), grid)
+    a, b = both(monkeypatch, dispatch.patch_merge, torch.randn(20, 40, device=device), grid)
     assert max_diff(a, b) <= TOLERANCE["patch_merge"]
 
 
 def test_torch_backend_checks_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MM_INFER_KERNELS", "torch")
     with pytest.raises(AssertionError, match="multiples of 28"):
-        kernels.patchify(frames_u8(1, 28, 42))
+        dispatch.patchify(frames_u8(1, 28, 42))
     q = torch.randn(4, 2, 16)
     with pytest.raises(AssertionError, match="cos must be"):
-        kernels.vision_rope(q, q, torch.zeros(3, 16), torch.zeros(4, 16))
+        dispatch.vision_rope(q, q, torch.zeros(3, 16), torch.zeros(4, 16))
