@@ -96,6 +96,14 @@ def _patch_embed_kernel(src_ptr, w_ptr, out_ptr, norm_ptr, meta_ptr, block_item_
     tl.store(dst, cast_out(acc, OUT_BF16, out_ptr.dtype.element_ty), mask=mask_r[:, None] & mask_n[None, :])
 
 
+# Tuned on CUDA over N/K tiles (M is fixed by the host row-block table); one config in the interpreter.
+_CONFIGS = [triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4)] if interpreting() else [
+    triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+    for n, k, w, s in [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (256, 32, 8, 3)]]
+_patch_embed_tuned = triton.autotune(_CONFIGS, key=["D", "A_BF16", "DOT_FP32"])(_patch_embed_kernel)
+BLOCK_M = 64
+
+
 def patch_embed_packed_triton(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
                               mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
                               geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
@@ -106,15 +114,12 @@ def patch_embed_packed_triton(buffer: torch.Tensor, offsets: Offsets, thw: Sizes
     dev, d = buffer.device, w.shape[0]
     meta, n_rows = item_meta(offs, sizes, geometry, dev)
     out = torch.empty(sum(n_rows), d, dtype=w.dtype, device=dev)  # [rows, D]
-    block_m, block_n, block_k = (64, 64, 128) if interpreting() else (64, 128, 32)
-    block_item, block_row = row_blocks(n_rows, block_m, dev)
-    grid = (block_item.numel(), triton.cdiv(d, block_n))
+    block_item, block_row = row_blocks(n_rows, BLOCK_M, dev)
     is_bf16 = w.dtype == torch.bfloat16
-    _patch_embed_kernel[grid](buffer, w, out, norm_table(mean, std, dev), meta, block_item, block_row, d,
-                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PATCH=geometry.patch_size,
-                              TPATCH=geometry.temporal_patch_size, MERGE=geometry.merge_size, CH=CHANNELS,
-                              A_BF16=is_bf16, DOT_FP32=w.dtype == torch.float32 or interpreting(),
-                              OUT_BF16=is_bf16, num_warps=4, num_stages=3)
+    _patch_embed_tuned[lambda cfg: (block_item.numel(), triton.cdiv(d, cfg["BLOCK_N"]))](
+        buffer, w, out, norm_table(mean, std, dev), meta, block_item, block_row, d, BLOCK_M=BLOCK_M,
+        PATCH=geometry.patch_size, TPATCH=geometry.temporal_patch_size, MERGE=geometry.merge_size, CH=CHANNELS,
+        A_BF16=is_bf16, DOT_FP32=w.dtype == torch.float32 or interpreting(), OUT_BF16=is_bf16)
     return out
 
 

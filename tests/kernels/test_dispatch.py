@@ -10,7 +10,7 @@ from kernels import dispatch
 from kernels import fused_patchify as pf
 
 # Max abs difference between the triton and torch backends per op (patch_embed: relative to max |ref|).
-TOLERANCE = {"patchify": 0.0, "patch_embed_fp32": 2e-6, "vision_rope": 0.0, "patch_merge": 0.0}
+TOLERANCE = {"patchify": 0.0, "patch_embed_fp32": 5e-6, "vision_rope": 0.0, "patch_merge": 0.0}
 
 
 def test_auto_picks_by_device(monkeypatch: pytest.MonkeyPatch) -> None:

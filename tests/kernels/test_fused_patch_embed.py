@@ -14,8 +14,9 @@ from kernels.fused_patch_embed import (
 )
 
 # Max abs difference / max |reference| per weight dtype. Only the summation order over the 1176 features
-# differs (fp32 accumulation in both), plus one output rounding in the weight dtype for bf16 / fp16.
-TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+# differs (fp32 accumulation in the kernel; cuBLAS on CUDA may reduce in lower precision), plus the output
+# rounding in the weight dtype: about 2.5 bf16 ulps and 4 fp16 ulps at the largest output.
+TOLERANCE = {torch.float32: 5e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 DTYPES = list(TOLERANCE)
 EMBED_DIMS = [16, 40, 72]  # 40, 72: not multiples of the N block
 
