@@ -276,7 +276,8 @@ def write_checkpoint(preset: str, out_dir: Path, seed: int) -> None:
     tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     size_mb = (out_dir / "model.safetensors").stat().st_size / 2**20
-    print(f"wrote {out_dir} ({len(tensors)} tensors, vocab {vocab_size}, {size_mb:.2f} MiB)")
+    print(f"wrote {out_dir} ({len(tensors)} tensors, {len(SPECIAL_TOKENS)} specials + BPE = {vocab_size} tokens, "
+          f"{size_mb:.2f} MiB)")
 
 
 def main() -> None:

@@ -79,8 +79,8 @@ def load_model(
     """Build the model for config.json in `model_dir` and fill it from its safetensors files."""
     config = load_config(model_dir)
     with torch.device("meta"):
-        model = QwenVLModel(config)
-    model = model.to_empty(device=device).to(dtype)
+        model = QwenVLModel(config).to(dtype)  # no allocation or random init; storage comes next
+    model = model.to_empty(device=device)
     load_state_dict_into(model, iter_safetensors(model_dir), strict=True)
     model.requires_grad_(False).eval()
     return model, config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_cases import TOL, build_prompt, hf_inputs, max_diff, our_logits, our_positions
+from model_cases import CHECKPOINTS, TOL, build_prompt, hf_inputs, max_diff, our_logits, our_positions
 
 from mm_infer.models import DenseAttentionContext, load_model
 from mm_infer.prompt.mrope import decode_positions
@@ -33,6 +33,17 @@ def test_full_prompt_logits_match_hf(kind, ours, hf_model, record, name):
     got = our_logits(model, cfg, prompt)
     assert got.dtype == torch.float32 and got.shape == ref.shape
     assert record(f"{kind}/logits/{name}", max_diff(got, ref)) <= TOL
+
+
+@torch.no_grad()
+def test_logits_depend_on_mrope_positions(ours):
+    """Sanity check of the oracle comparison: plain 1-D positions give clearly different logits."""
+    model, cfg = ours
+    prompt = prompt_for(cfg, "image_and_video")
+    n = prompt.input_ids.numel()
+    plain = model(prompt.input_ids, torch.arange(n).expand(3, n), prompt.pixel_values, prompt.image_grid_thw,
+                  prompt.pixel_values_videos, prompt.video_grid_thw)
+    assert max_diff(plain, our_logits(model, cfg, prompt)) > 1e-2
 
 
 @torch.no_grad()
@@ -84,7 +95,7 @@ def test_greedy_decode_with_position_delta_matches_hf_generate(kind, ours, hf_mo
 @torch.no_grad()
 def test_bfloat16_loading_runs_close_to_float32(kind, ours):
     model32, cfg = ours
-    model16, _ = load_model(model32_dir(kind), dtype=torch.bfloat16)
+    model16, _ = load_model(CHECKPOINTS[kind], dtype=torch.bfloat16)
     assert {p.dtype for p in model16.parameters()} == {torch.bfloat16}
     prompt = prompt_for(cfg, "image_and_video")
     got = our_logits(model16, cfg, prompt)
@@ -92,8 +103,3 @@ def test_bfloat16_loading_runs_close_to_float32(kind, ours):
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert max_diff(got, want) < 0.1 * want.abs().max().item()
 
-
-def model32_dir(kind: str):
-    from model_cases import CHECKPOINTS
-
-    return CHECKPOINTS[kind]

@@ -1,0 +1,140 @@
+"""Checkpoint loading: both tensor-name layouts, dtypes, in-place refit, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from model_cases import CHECKPOINTS, build_prompt, max_diff, our_logits
+from safetensors.torch import load_file, save_file
+
+from mm_infer.models import (
+    MissingTensorError,
+    ShapeMismatchError,
+    UnexpectedTensorError,
+    UnknownArchitectureError,
+    hf_to_internal,
+    load_model,
+    load_state_dict_into,
+)
+
+
+def copy_checkpoint(src: Path, dst: Path, edit=None, config_edit=None) -> Path:
+    """Copy a checkpoint folder, optionally editing its tensors dict and config dict."""
+    shutil.copytree(src, dst)
+    if edit is not None:
+        tensors = load_file(str(src / "model.safetensors"))
+        edit(tensors)
+        save_file(tensors, str(dst / "model.safetensors"))
+    if config_edit is not None:
+        cfg = json.loads((src / "config.json").read_text())
+        config_edit(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def to_other_layout(tensors: dict) -> None:
+    """Rename legacy names to the new layout or the reverse, in place."""
+    for name in list(tensors):
+        if name.startswith("visual."):
+            new = "model." + name
+        elif name.startswith("model.visual."):
+            new = name[len("model."):]
+        elif name.startswith("model.language_model."):
+            new = "model." + name[len("model.language_model."):]
+        elif name.startswith("model."):
+            new = "model.language_model." + name[len("model."):]
+        else:
+            continue
+        tensors[new] = tensors.pop(name)
+
+
+def test_hf_loads_tiny_checkpoints_without_missing_or_unexpected_keys(kind):
+    from transformers import AutoModelForImageTextToText
+
+    _, info = AutoModelForImageTextToText.from_pretrained(CHECKPOINTS[kind], output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+
+
+def test_both_name_layouts_load_to_identical_parameters(kind, ours, tmp_path):
+    model, _ = ours
+    other, _ = load_model(copy_checkpoint(CHECKPOINTS[kind], tmp_path / "ck", edit=to_other_layout))
+    theirs = dict(other.named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(p, theirs[name]), name
+
+
+def test_every_parameter_comes_from_the_checkpoint(kind, ours):
+    model, cfg = ours
+    tensors = load_file(str(CHECKPOINTS[kind] / "model.safetensors"))
+    mapped = {hf_to_internal(n) for n in tensors}
+    assert mapped == {n for n, _ in model.named_parameters()}
+    assert (model.lm_head is None) == cfg.tie_word_embeddings
+    assert ("lm_head.weight" in tensors) != cfg.tie_word_embeddings
+
+
+def test_refit_in_place_changes_outputs_and_restores(kind, ours):
+    """load_state_dict_into copies new weights into the same parameter storage (RL weight refit)."""
+    model, cfg = ours
+    prompt = build_prompt(cfg, [4, ("image", 1, 4, 4), 3], seed=7)
+    before = our_logits(model, cfg, prompt)
+    tensors = load_file(str(CHECKPOINTS[kind] / "model.safetensors"))
+    qkv = next(n for n in tensors if n.endswith("blocks.0.attn.qkv.weight"))
+    ptr = dict(model.named_parameters())[hf_to_internal(qkv)].data_ptr()
+    try:
+        assert load_state_dict_into(model, [(qkv, tensors[qkv] * 2.0)]) == {hf_to_internal(qkv)}
+        assert dict(model.named_parameters())[hf_to_internal(qkv)].data_ptr() == ptr
+        assert max_diff(our_logits(model, cfg, prompt), before) > 1e-3
+    finally:
+        load_state_dict_into(model, tensors, strict=True)
+    assert max_diff(our_logits(model, cfg, prompt), before) == 0.0
+
+
+def test_bfloat16_checkpoint_on_disk_loads_as_float32(tmp_path):
+    src = CHECKPOINTS["qwen2_vl"]
+    dst = copy_checkpoint(src, tmp_path / "bf16", edit=lambda t: t.update({k: v.bfloat16() for k, v in t.items()}))
+    model, _ = load_model(dst, dtype=torch.float32)
+    ref = load_file(str(src / "model.safetensors"))["model.norm.weight"]
+    assert model.language.norm.weight.dtype == torch.float32
+    assert torch.equal(model.language.norm.weight, ref.bfloat16().float())
+
+
+def test_missing_tensor_is_named(tmp_path):
+    name = "model.layers.1.mlp.up_proj.weight"
+    ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", edit=lambda t: t.pop(name))
+    with pytest.raises(MissingTensorError, match=r"language\.layers\.1\.mlp\.up_proj\.weight"):
+        load_model(ck)
+
+
+def test_untied_checkpoint_without_lm_head_is_missing_tensor(tmp_path):
+    ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", edit=lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(MissingTensorError, match="lm_head.weight"):
+        load_model(ck)
+
+
+def test_wrong_shape_is_named(tmp_path):
+    name = "visual.blocks.0.attn.proj.weight"
+    edit = lambda t: t.update({name: t[name][:, :32].contiguous()})  # noqa: E731
+    ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", edit=edit)
+    with pytest.raises(ShapeMismatchError, match=rf"{name}.*\(64, 32\).*\(64, 64\)"):
+        load_model(ck)
+
+
+def test_unexpected_tensor_is_named(tmp_path):
+    edit = lambda t: t.update({"model.layers.9.extra.weight": t["model.norm.weight"].clone()})  # noqa: E731
+    ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", edit=edit)
+    with pytest.raises(UnexpectedTensorError, match=r"model\.layers\.9\.extra\.weight"):
+        load_model(ck)
+
+
+def test_unknown_architecture_is_named(tmp_path):
+    def edit(cfg: dict) -> None:
+        cfg["architectures"] = ["LlavaForConditionalGeneration"]
+        cfg["model_type"] = "llava"
+
+    ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", config_edit=edit)
+    with pytest.raises(UnknownArchitectureError, match="LlavaForConditionalGeneration"):
+        load_model(ck)
