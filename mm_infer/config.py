@@ -56,6 +56,7 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     weight_version: int = 0
+    cpu_threads: int | None = None  # torch intra-op threads (process-wide); None leaves torch's setting
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
@@ -65,7 +66,7 @@ class EngineConfig:
         """Build from flat keyword options (vLLM-style names), routing each to its concern."""
         groups: dict[type, dict[str, object]] = {CacheConfig: {}, SchedulerConfig: {}, MediaConfig: {}}
         top: dict[str, object] = {}
-        top_names = {"dtype", "device", "seed", "weight_version"}
+        top_names = {"dtype", "device", "seed", "weight_version", "cpu_threads"}
         for key, value in options.items():
             owner = next((cls for cls in groups if key in cls.__dataclass_fields__), None)
             if owner is not None:

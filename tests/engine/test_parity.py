@@ -1,0 +1,44 @@
+"""Greedy ids equal HF generate and logprobs match a teacher-forced HF forward, with mixed concurrent prompts."""
+
+from __future__ import annotations
+
+import pytest
+from engine_cases import MIXED, case, expand, hf_greedy, hf_teacher_forced
+
+from mm_infer import SamplingParams
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def mixed_run(llm):
+    prompts = [case(parts, seed) for seed, parts in enumerate(MIXED)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW), use_tqdm=False)
+    return prompts, outs
+
+
+def test_expanded_prompt_ids_returned(mixed_run):
+    prompts, outs = mixed_run
+    assert len(prompts) >= 20
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.prompt_token_ids == expand(prompt)
+
+
+def test_greedy_ids_equal_hf_generate(mixed_run):
+    prompts, outs = mixed_run
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        ours = out.outputs[0].token_ids
+        ref = hf_greedy(prompt, MAX_NEW)
+        assert ours == ref, f"prompt {i} ({MIXED[i]}): ours {ours} != HF {ref}"
+        assert out.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_match_teacher_forced_hf(mixed_run):
+    prompts, outs = mixed_run
+    worst = 0.0
+    for prompt, out in zip(prompts, outs, strict=True):
+        comp = out.outputs[0]
+        assert len(comp.logprobs) == len(comp.token_ids)
+        ref = hf_teacher_forced(prompt, comp.token_ids)
+        worst = max(worst, max(abs(a - b) for a, b in zip(comp.logprobs, ref.tolist(), strict=True)))
+    assert worst < 1e-4, worst
