@@ -8,6 +8,7 @@ from mm_infer.models.errors import (
     ShapeMismatchError,
     UnexpectedTensorError,
     UnknownArchitectureError,
+    UnsupportedConfigError,
 )
 from mm_infer.models.loader import hf_to_internal, load_model, load_state_dict_into
 from mm_infer.models.qwen2_vl import QwenVLModel, scatter_embeddings
@@ -23,6 +24,7 @@ __all__ = [
     "TextConfig",
     "UnexpectedTensorError",
     "UnknownArchitectureError",
+    "UnsupportedConfigError",
     "VisionConfig",
     "hf_to_internal",
     "load_config",

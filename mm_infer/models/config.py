@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mm_infer.models.errors import UnknownArchitectureError
+from mm_infer.models.errors import UnknownArchitectureError, UnsupportedConfigError
 
 ARCHITECTURES = {
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
@@ -79,6 +79,11 @@ def _text_config(raw: dict[str, Any]) -> TextConfig:
     rope = t.get("rope_parameters") or t.get("rope_scaling") or raw.get("rope_scaling") or {}
     theta = rope.get("rope_theta", t.get("rope_theta", raw.get("rope_theta", 1000000.0)))
     section = tuple(rope.get("mrope_section", (16, 24, 24)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "mrope"):
+        raise UnsupportedConfigError(f"rope_type {rope_type!r} is not supported (only plain M-RoPE)")
+    if t.get("use_sliding_window"):
+        raise UnsupportedConfigError("use_sliding_window=true is not supported")
     heads = t["num_attention_heads"]
     cfg = TextConfig(
         vocab_size=t["vocab_size"],

@@ -19,3 +19,7 @@ class ShapeMismatchError(ModelLoadError):
 
 class UnexpectedTensorError(ModelLoadError):
     """A checkpoint tensor maps to no parameter of the model."""
+
+
+class UnsupportedConfigError(ModelLoadError):
+    """config.json asks for a feature our model code does not implement (e.g. sliding-window attention)."""

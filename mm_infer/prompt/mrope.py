@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import groupby
 
 import torch
 from torch import Tensor
@@ -15,6 +14,15 @@ def _as_grid(grid: Tensor | Sequence[Sequence[int]] | None) -> list[list[int]]:
     if grid is None:
         return []
     return torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3).tolist()
+
+
+def _runs(types: Tensor) -> list[tuple[int, int, int]]:
+    """(start, length, type) of each maximal run of equal token types, found without a per-token loop."""
+    if types.numel() == 0:
+        return []
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), torch.nonzero(types[1:] != types[:-1]).flatten() + 1])
+    lengths = torch.diff(starts, append=torch.tensor([types.numel()]))
+    return list(zip(starts.tolist(), lengths.tolist(), types[starts].tolist(), strict=True))
 
 
 def vision_positions(start: int, grid_thw: Sequence[int], merge: int, time_interval: float = 1.0) -> Tensor:
@@ -47,9 +55,11 @@ def get_mrope_positions(
     """Positions [3, N] for one sequence and the decode delta (next position = seq index + delta).
 
     A maximal run of image (video) pad tokens is one image (video), consumed in order from its grid
-    list; its length must be t*h*w/merge^2. Text continues at run start + max(h, w)/merge (HF 5
-    rule). Videos use time_interval = tokens_per_second * second_per_grid_ts[i] when
-    tokens_per_second is given (Qwen2.5-VL; second_per_grid_ts defaults to 1), else 1 (Qwen2-VL).
+    list; its length must be t*h*w/merge^2. Text continues at run start + max(h, w)/merge (the
+    transformers 5 rule; transformers 4 and vLLM resume at max(previous positions) + 1, which differs
+    for videos whose temporal span exceeds max(h, w)/merge). Videos use time_interval =
+    tokens_per_second * second_per_grid_ts[i] when tokens_per_second is given (Qwen2.5-VL;
+    second_per_grid_ts defaults to 1), else 1 (Qwen2-VL).
     If vision_start_token_id is given, every run must directly follow that token.
     """
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).cpu()
@@ -61,9 +71,7 @@ def get_mrope_positions(
                    else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1).tolist())
     parts: list[Tensor] = []
     pos = 0
-    idx = 0
-    for kind, run in groupby(types.tolist()):
-        length = len(list(run))
+    for idx, length, kind in _runs(types):
         if kind == TEXT:
             parts.append((torch.arange(length) + pos).expand(3, -1))
             pos += length
@@ -82,7 +90,6 @@ def get_mrope_positions(
                 interval = float(torch.tensor(next(seconds), dtype=torch.float32) * tokens_per_second)
             parts.append(vision_positions(pos, grid, spatial_merge_size, interval))
             pos += max(grid[1], grid[2]) // spatial_merge_size
-        idx += length
     for kind, it in grids.items():
         if next(it, None) is not None:
             raise ValueError(f"more {'image' if kind == IMAGE else 'video'} grids than token runs")

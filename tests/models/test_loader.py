@@ -16,6 +16,7 @@ from mm_infer.models import (
     ShapeMismatchError,
     UnexpectedTensorError,
     UnknownArchitectureError,
+    UnsupportedConfigError,
     hf_to_internal,
     load_model,
     load_state_dict_into,
@@ -137,4 +138,14 @@ def test_unknown_architecture_is_named(tmp_path):
 
     ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", config_edit=edit)
     with pytest.raises(UnknownArchitectureError, match="LlavaForConditionalGeneration"):
+        load_model(ck)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("use_sliding_window", True, "use_sliding_window"), ("rope_scaling", {"type": "yarn", "factor": 4.0}, "yarn")],
+)
+def test_unsupported_config_is_named(tmp_path, field, value, message):
+    ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", config_edit=lambda c: c.update({field: value}))
+    with pytest.raises(UnsupportedConfigError, match=message):
         load_model(ck)
