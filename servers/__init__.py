@@ -1,0 +1,1 @@
+"""HTTP front ends for mm-infer."""

@@ -1,0 +1,48 @@
+"""ServerConfig: everything `mm-infer serve` decides at start-up (frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """Where media may come from, and how much of it."""
+
+    allowed_media_paths: tuple[Path, ...] = ()
+    allow_private_urls: bool = False  # http(s) to loopback / private / link-local addresses
+    allow_remote_urls: bool = True
+    timeout_s: float = 10.0
+    max_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MediaCaps:
+    """Upper bounds a request's mm_processor_kwargs may lower but never raise (None: checkpoint default)."""
+
+    image_max_pixels: int | None = None
+    video_max_pixels: int | None = None
+    max_video_frames: int = 768
+    max_video_fps: float | None = None
+    uuid_cache_items: int = 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_dir: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_body_bytes: int = 100 * 1024 * 1024
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+    caps: MediaCaps = field(default_factory=MediaCaps)
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model_dir).name

@@ -1,0 +1,114 @@
+"""MediaFetcher: media URLs (data:, file:// under allowed folders, http(s) to public hosts) to bytes, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+from mm_infer.media import MediaTooLargeError
+from mm_infer.media.limits import MediaLimits
+from mm_infer.media.sources import decode_data_url
+from servers.openai.config import FetchConfig
+from servers.openai.errors import ApiError
+
+
+def is_public_address(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+class MediaFetcher:
+    """Fetch one media URL at a time (call concurrently); every path enforces the byte cap."""
+
+    def __init__(self, config: FetchConfig, client: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self.roots = tuple(Path(p).resolve() for p in config.allowed_media_paths)
+        self._client = client
+        self._limits = MediaLimits(max_bytes=config.max_bytes)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False, timeout=self.config.timeout_s, trust_env=False)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def fetch(self, url: str) -> bytes:
+        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+        if scheme == "data":
+            return await asyncio.to_thread(decode_data_url, url, limits=self._limits)
+        if scheme == "file":
+            return await asyncio.to_thread(self._read_file, url)
+        if scheme in ("http", "https"):
+            return await self._fetch_http(url)
+        raise ApiError(400, f"unsupported media URL scheme {scheme!r}: use data:, file:// or http(s)://",
+                       param="url")
+
+    def _read_file(self, url: str) -> bytes:
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise ApiError(400, f"file URL with a remote host {parts.netloc!r} is not accepted", param="url")
+        path = Path(unquote(parts.path)).resolve()
+        if not any(path.is_relative_to(root) for root in self.roots):
+            raise ApiError(403, "file URLs are only served from the folders given by --allowed-media-path"
+                           if self.roots else "file URLs are disabled (start the server with --allowed-media-path)",
+                           param="url")
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise ApiError(400, f"cannot read media file {path.name!r}: {e.strerror or e}", param="url") from None
+        if size > self.config.max_bytes:
+            raise MediaTooLargeError(f"media file has {size} bytes, over the limit of {self.config.max_bytes}")
+        return path.read_bytes()
+
+    async def _check_host(self, host: str, port: int) -> None:
+        if self.config.allow_private_urls:
+            return
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            raise ApiError(400, f"cannot resolve media host {host!r}: {e}", param="url") from None
+        if not infos or not all(is_public_address(str(info[4][0])) for info in infos):
+            raise ApiError(403, f"media host {host!r} resolves to a private, loopback or reserved address",
+                           param="url")
+
+    async def _fetch_http(self, url: str) -> bytes:
+        if not self.config.allow_remote_urls:
+            raise ApiError(403, "http(s) media URLs are disabled on this server", param="url")
+        parts = urlsplit(url)
+        if not parts.hostname:
+            raise ApiError(400, "media URL has no host", param="url")
+        await self._check_host(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        cap = self.config.max_bytes
+        try:
+            async with self.client.stream("GET", url) as resp:
+                if resp.is_redirect:
+                    raise ApiError(400, f"media URL answered a redirect (HTTP {resp.status_code}); redirects "
+                                   "are not followed", param="url")
+                if resp.status_code != 200:
+                    raise ApiError(400, f"fetching the media URL returned HTTP {resp.status_code}", param="url")
+                declared = resp.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > cap:
+                    raise MediaTooLargeError(f"media URL declares {declared} bytes, over the limit of {cap}")
+                chunks, total = [], 0
+                async for chunk in resp.aiter_bytes():
+                    total += len(chunk)
+                    if total > cap:
+                        raise MediaTooLargeError(f"media URL sent more than the limit of {cap} bytes")
+                    chunks.append(chunk)
+        except httpx.TimeoutException:
+            raise ApiError(400, f"fetching the media URL timed out after {self.config.timeout_s}s",
+                           param="url") from None
+        except httpx.HTTPError as e:
+            raise ApiError(400, f"fetching the media URL failed: {type(e).__name__}", param="url") from None
+        return b"".join(chunks)

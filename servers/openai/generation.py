@@ -1,0 +1,116 @@
+"""Drive AsyncEngine for one HTTP request: errors before any byte is sent, abort on client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+from starlette.types import Send
+
+from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.sampling import SamplingParams
+from servers.openai.errors import ApiError, from_exception
+from servers.openai.state import ServerState
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+class ClientGone(Exception):
+    """The client went away; its request was aborted and its KV blocks freed."""
+
+
+def check_not_aborted(out: RequestOutput) -> RequestOutput:
+    """An aborted generation is never answered as a normal completion."""
+    if any(c.finish_reason == "abort" for c in out.outputs):
+        raise ApiError(503, "the request was aborted before it finished", type="aborted")
+    return out
+
+
+class Generation:
+    """One engine request: `start()` surfaces prompt/media errors, then `final()` or `stream()`."""
+
+    def __init__(self, state: ServerState, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> None:
+        self.state = state
+        self.started = time.perf_counter()
+        self._gen = state.engine.generate(prompt, params, request_id)
+        self.first: RequestOutput | None = None
+        self._closed = False
+
+    async def start(self) -> RequestOutput:
+        """Prepare, queue and wait for the first snapshot; bad prompts raise ApiError here."""
+        self.state.metrics.running += 1
+        try:
+            self.first = await self._gen.__anext__()
+        except BaseException as exc:
+            self.state.metrics.running -= 1
+            self._closed = True
+            await self._gen.aclose()
+            if isinstance(exc, (asyncio.CancelledError, StopAsyncIteration)):
+                raise
+            raise from_exception(exc) from exc
+        self.state.metrics.first_token(time.perf_counter() - self.started)
+        return self.first
+
+    async def stream(self) -> AsyncIterator[RequestOutput]:
+        """Snapshots from the first on; closing this iterator (client gone) aborts the request."""
+        assert self.first is not None, "call start() first"
+        last = self.first
+        try:
+            yield last
+            if not last.finished:
+                async for out in self._gen:
+                    last = out
+                    yield out
+        finally:
+            await self.aclose(last)
+
+    async def aclose(self, last: RequestOutput | None = None) -> None:
+        """Abort the engine request if it is still running (idempotent) and record its metrics."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._gen.aclose()
+        last = last or self.first
+        if last is None:
+            return
+        self.state.metrics.running -= 1
+        if not last.finished or any(c.finish_reason == "abort" for c in last.outputs):
+            self.state.metrics.aborted += 1
+        self.state.metrics.tokens(len(last.prompt_token_ids), sum(len(c.token_ids) for c in last.outputs))
+
+    async def final(self, disconnected: Disconnected | None = None, poll_s: float = 0.2) -> RequestOutput:
+        """The finished output; polls `disconnected` and aborts the request when the client is gone."""
+        async def drain() -> RequestOutput:
+            last = self.first
+            async for out in self.stream():
+                last = out
+            assert last is not None
+            return last
+
+        task = asyncio.ensure_future(drain())
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=poll_s)
+                if not task.done() and disconnected is not None and await disconnected():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    raise ClientGone()
+            return check_not_aborted(task.result())
+        finally:
+            if not task.done():
+                task.cancel()
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """SSE response that always closes its body iterator, so a vanished client aborts its request at once."""
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[union-attr]

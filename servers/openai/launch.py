@@ -1,0 +1,64 @@
+"""Run the server: in the foreground (`mm-infer serve`) or on a background thread (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from servers.openai.app import build_app
+from servers.openai.config import ServerConfig
+from servers.openai.state import ServerState, build_state
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _uvicorn_config(state: ServerState) -> uvicorn.Config:
+    cfg = state.config
+    return uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port, log_level="warning",
+                          timeout_graceful_shutdown=5, lifespan="on")
+
+
+def serve(config: ServerConfig) -> None:
+    """Load the model and serve until interrupted."""
+    state = build_state(config)
+    print(f"mm-infer: serving {config.model_name} on http://{config.host}:{config.port}", flush=True)
+    uvicorn.Server(_uvicorn_config(state)).run()
+
+
+class BackgroundServer:
+    """uvicorn on a daemon thread; `with BackgroundServer(config) as srv:` yields once it accepts requests."""
+
+    def __init__(self, config: ServerConfig, state: ServerState | None = None) -> None:
+        self.state = state or build_state(config)
+        self.server = uvicorn.Server(_uvicorn_config(self.state))
+        self.thread = threading.Thread(target=self.server.run, name="mm-infer-server", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.state.config.host}:{self.state.config.port}"
+
+    def start(self, timeout_s: float = 60.0) -> BackgroundServer:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,110 @@
+"""Chat messages -> template-ready dicts, media references in prompt order, and carried token ids."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from servers.openai.errors import ApiError
+from servers.openai.protocol import (
+    ChatMessage,
+    ImageURLPart,
+    InputImagePart,
+    InputVideoPart,
+    TextPart,
+    VideoURLPart,
+)
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """One media item as the request named it: a URL, a uuid of earlier media, or both."""
+
+    kind: str  # "image" | "video"
+    url: str | None
+    uuid: str | None
+
+
+@dataclass(frozen=True)
+class CarriedTurn:
+    """The last assistant turn whose exact token ids came back with the request."""
+
+    message_index: int
+    token_ids: list[int]  # that turn's prompt_token_ids + generation_token_ids
+
+
+@dataclass
+class ChatInput:
+    messages: list[dict[str, Any]]
+    media: list[MediaRef]
+    carried: CarriedTurn | None
+
+
+def _media_ref(part: Any, where: str) -> MediaRef:
+    if isinstance(part, ImageURLPart):
+        kind, ref = "image", part.image_url
+        url, uuid = (ref.url if ref else None), part.uuid or (ref.uuid if ref else None)
+    elif isinstance(part, VideoURLPart):
+        kind, ref = "video", part.video_url
+        url, uuid = (ref.url if ref else None), part.uuid or (ref.uuid if ref else None)
+    elif isinstance(part, InputImagePart):
+        kind, url, uuid = "image", part.image_url, part.uuid
+    else:
+        kind, url, uuid = "video", part.video_url, part.uuid
+    if not url and not uuid:
+        raise ApiError(400, f"{where}: a {kind} part needs a URL or the uuid of media sent earlier", param=where)
+    return MediaRef(kind, url or None, uuid)
+
+
+def _content(msg: ChatMessage, index: int, media: list[MediaRef]) -> str | list[dict[str, Any]]:
+    if msg.content is None:
+        return ""
+    if isinstance(msg.content, str):
+        return msg.content
+    out: list[dict[str, Any]] = []
+    for j, part in enumerate(msg.content):
+        if isinstance(part, TextPart):
+            out.append({"type": "text", "text": part.text})
+        elif isinstance(part, (ImageURLPart, VideoURLPart, InputImagePart, InputVideoPart)):
+            ref = _media_ref(part, f"messages[{index}].content[{j}]")
+            media.append(ref)
+            out.append({"type": ref.kind})
+    return out
+
+
+def _tool_calls(msg: ChatMessage) -> list[dict[str, Any]]:
+    calls = []
+    for call in msg.tool_calls or []:
+        try:
+            arguments: Any = json.loads(call.function.arguments)
+        except json.JSONDecodeError:
+            arguments = call.function.arguments
+        calls.append({"id": call.id, "type": "function",
+                      "function": {"name": call.function.name, "arguments": arguments}})
+    return calls
+
+
+def parse_messages(messages: list[ChatMessage]) -> ChatInput:
+    """Normalize parts for the chat template ({"type": "image"} etc.) and collect media in prompt order."""
+    media: list[MediaRef] = []
+    out: list[dict[str, Any]] = []
+    carried: CarriedTurn | None = None
+    for i, msg in enumerate(messages):
+        d: dict[str, Any] = {"role": msg.role, "content": _content(msg, i, media)}
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(msg, key) is not None:
+                d[key] = getattr(msg, key)
+        if msg.tool_calls:
+            d["tool_calls"] = _tool_calls(msg)
+        has_prompt, has_gen = msg.prompt_token_ids is not None, msg.generation_token_ids is not None
+        if has_prompt != has_gen:
+            raise ApiError(400, f"messages[{i}]: give both prompt_token_ids and generation_token_ids, or neither",
+                           param=f"messages[{i}]")
+        if has_prompt:
+            if msg.role != "assistant":
+                raise ApiError(400, f"messages[{i}]: token ids can only be carried on an assistant message",
+                               param=f"messages[{i}]")
+            carried = CarriedTurn(i, [*msg.prompt_token_ids, *msg.generation_token_ids])  # type: ignore[misc]
+        out.append(d)
+    return ChatInput(out, media, carried)

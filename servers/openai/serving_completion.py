@@ -1,0 +1,115 @@
+"""POST /v1/completions: text or token-id prompts (one or a batch), whole or streamed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from mm_infer.engine.outputs import RequestOutput
+from servers.openai.errors import ApiError, error_body
+from servers.openai.generation import ClosingStreamingResponse, Generation
+from servers.openai.protocol import CompletionRequest
+from servers.openai.responses import CompletionChoice, CompletionResponse, Usage
+from servers.openai.sampling import to_sampling_params
+from servers.openai.state import ServerState
+from servers.openai.token_fields import completion_logprobs, prompt_logprobs, usage
+
+
+def prompt_ids(state: ServerState, req: CompletionRequest) -> list[list[int]]:
+    """Each prompt as token ids: text is tokenized here, id lists are taken as given."""
+    raw = req.prompt
+    if isinstance(raw, str):
+        prompts: list[str | list[int]] = [raw]
+    elif raw and all(isinstance(x, int) for x in raw):
+        prompts = [list(raw)]  # type: ignore[arg-type]
+    else:
+        prompts = list(raw)  # type: ignore[arg-type]
+    if not prompts:
+        raise ApiError(400, "prompt is empty", param="prompt")
+    out = [state.renderer.encode(p, add_special_tokens=req.add_special_tokens) if isinstance(p, str) else list(p)
+           for p in prompts]
+    for i, ids in enumerate(out):
+        if not ids:
+            raise ApiError(400, f"prompt {i} is empty", param="prompt")
+        if bad := [t for t in ids if not 0 <= t < state.vocab_size]:
+            raise ApiError(400, f"prompt {i} has token ids outside the vocabulary: {bad[:5]}", param="prompt")
+    return out
+
+
+def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, base: int) -> list[CompletionChoice]:
+    as_ids = req.return_tokens_as_token_ids
+    return [CompletionChoice(
+        index=base + c.index, text=c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+        logprobs=completion_logprobs(state, c, req.logprobs, as_ids) if req.logprobs is not None else None,
+        token_ids=list(c.token_ids) if req.return_token_ids else None,
+        prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
+        prompt_logprobs=prompt_logprobs(state, out, as_ids) if req.prompt_logprobs is not None else None)
+        for c in out.outputs]
+
+
+async def _stream(state: ServerState, req: CompletionRequest, gen: Generation, rid: str,
+                  created: int) -> AsyncIterator[str]:
+    name = state.config.model_name
+    sent_tokens = [0] * req.n
+    sent_text = [""] * req.n
+    last: RequestOutput | None = None
+    stream = gen.stream()
+    try:
+        async for out in stream:
+            last = out
+            if any(c.finish_reason == "abort" for c in out.outputs):
+                yield f"data: {json.dumps(error_body(503, 'the request was aborted', type='aborted'))}\n\n"
+                break
+            choices = []
+            for c in out.outputs:
+                if len(c.token_ids) == sent_tokens[c.index] and c.finish_reason is None:
+                    continue
+                text = c.text if c.finish_reason or not c.text.endswith("\ufffd") else c.text.rstrip("\ufffd")
+                delta = text[len(sent_text[c.index]):] if text.startswith(sent_text[c.index]) else ""
+                sent_text[c.index] += delta
+                fresh = c.token_ids[sent_tokens[c.index]:]
+                choice = CompletionChoice(index=c.index, text=delta, finish_reason=c.finish_reason,
+                                          stop_reason=c.stop_reason, token_ids=list(fresh) if req.return_token_ids
+                                          else None)
+                sent_tokens[c.index] = len(c.token_ids)
+                choices.append(choice)
+            if choices:
+                chunk = CompletionResponse(id=rid, created=created, model=name, choices=choices)
+                yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+    finally:
+        await stream.aclose()
+        await gen.aclose(last)
+    if last is not None and last.finished and req.stream_options is not None and req.stream_options.include_usage:
+        chunk = CompletionResponse(id=rid, created=created, model=name, choices=[], usage=usage(last))
+        yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
+    params = to_sampling_params(req, state.vocab_size)
+    prompts = prompt_ids(state, req)
+    if req.stream and len(prompts) != 1:
+        raise ApiError(400, "streaming takes one prompt per request", param="stream")
+    rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
+    created = int(time.time())
+    gens = [Generation(state, {"prompt_token_ids": ids}, params, f"{rid}-{i}") for i, ids in enumerate(prompts)]
+    try:
+        await asyncio.gather(*(g.start() for g in gens))
+    except BaseException:
+        await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
+        raise
+    if req.stream:
+        return ClosingStreamingResponse(_stream(state, req, gens[0], rid, created), media_type="text/event-stream")
+    outs = await asyncio.gather(*(g.final(request.is_disconnected) for g in gens))
+    choices = [ch for i, out in enumerate(outs) for ch in _choices(state, req, out, i * req.n)]
+    totals = [usage(o) for o in outs]
+    prompt_tokens = sum(u.prompt_tokens for u in totals)
+    completion_tokens = sum(u.completion_tokens for u in totals)
+    return CompletionResponse(id=rid, created=created, model=state.config.model_name, choices=choices,
+                              usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                          total_tokens=prompt_tokens + completion_tokens))

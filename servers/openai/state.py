@@ -1,0 +1,76 @@
+"""ServerState: the engine and the per-server helpers every endpoint shares, built once at start-up."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mm_infer.engine.async_engine import AsyncEngine
+from mm_infer.media import MediaLimits, MediaProcessor
+from servers.openai.config import ServerConfig
+from servers.openai.fetch import MediaFetcher
+from servers.openai.media_inputs import MediaResolver
+from servers.openai.metrics import Metrics
+from servers.openai.parsers import OutputParser, build_output_parser
+from servers.openai.templating import ChatRenderer
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    engine: AsyncEngine
+    renderer: ChatRenderer
+    resolver: MediaResolver
+    parser: OutputParser
+    metrics: Metrics = field(default_factory=Metrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.runtime.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.engine.runtime.vocab_size
+
+    def token_str(self, token_id: int, as_id: bool) -> str:
+        return f"token_id:{token_id}" if as_id else self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def gauges(self) -> dict[str, float]:
+        engine = self.engine.engine
+        stats = engine.stats()
+        media_cache = self.resolver.processor.cache
+        return {"num_requests_waiting": len(engine.scheduler.waiting),
+                "num_sequences_running": len(engine.scheduler.running),
+                "kv_blocks_free": stats["free_blocks"], "kv_blocks_total": stats["num_blocks"],
+                "prefix_cache_query_tokens": stats["prefix_query_tokens"],
+                "prefix_cache_hit_tokens": stats["prefix_hit_tokens"],
+                "encoder_cache_hits": stats["encoder_cache_hits"], "encoder_calls": stats["encoder_calls"],
+                "media_cache_hits": media_cache.hits, "media_cache_misses": media_cache.misses,
+                "media_uuid_cache_hits": self.resolver.uuid_hits, "preemptions": stats["preemptions"]}
+
+    async def aclose(self) -> None:
+        self.engine.shutdown()
+        self.resolver.processor.close()
+        await self.resolver.fetcher.aclose()
+
+
+def build_state(config: ServerConfig) -> ServerState:
+    """Load the engine and wire the tokenizer, media pipeline and parsers to it."""
+    options = dict(config.engine_options)
+    engine = AsyncEngine.from_options(config.model_dir, **options)
+    core = engine.engine
+    ids = core.placeholder_ids
+    decode = core.tokenizer.decode
+    media_tokens = {kind: decode([ids.vision_start_id, pad, ids.vision_end_id], skip_special_tokens=False)
+                    for kind, pad in (("image", ids.image_pad_id), ("video", ids.video_pad_id))}
+    limits = MediaLimits(max_bytes=config.fetch.max_bytes, max_sampled_frames=config.caps.max_video_frames)
+    processor = MediaProcessor(limits=limits)
+    resolver = MediaResolver(MediaFetcher(config.fetch), processor, core.media_defaults, config.caps)
+    return ServerState(config, engine, ChatRenderer(core.tokenizer, media_tokens), resolver,
+                       build_output_parser(config.reasoning_parser, config.tool_parser))
