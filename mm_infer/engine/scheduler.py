@@ -107,9 +107,13 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
 
     def _sibling_prefilling(self, seq: Sequence) -> bool:
+        """A sibling is still computing prompt blocks that seq could reuse from the prefix cache next step."""
         if not self.block_manager.enable_prefix_caching or seq.num_output_tokens:
             return False
-        return any(s is not seq and s.status is SequenceStatus.RUNNING and s.in_prompt for s in seq.group.seqs)
+        bs = self.block_manager.block_size
+        shareable = (seq.num_prompt_tokens - 1) // bs * bs
+        return any(s is not seq and s.status is SequenceStatus.RUNNING and s.num_computed_tokens < shareable
+                   for s in seq.group.seqs)
 
     def _clip(self, seq: Sequence, n: int, enc_budget: list[int], planned: set[str]) -> int:
         """Shorten the chunk so that vision items not yet encoded fit the encoder budget.
