@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from mm_infer.models.attention import AttentionContext
@@ -65,7 +64,3 @@ class TextModel(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, ctx)
         return self.norm(x)
-
-    @torch.no_grad()
-    def embed(self, input_ids: Tensor) -> Tensor:  # [N] -> [N, D]
-        return self.embed_tokens(input_ids)

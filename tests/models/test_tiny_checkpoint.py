@@ -73,8 +73,13 @@ def test_checkpoints_are_small():
 
 
 def test_generator_reproduces_the_committed_files(tmp_path):
+    """Weights and configs are seeded; the BPE merges also depend on the stdlib text it trains on,
+    so tokenizer.json is compared only under the Python minor version that wrote it (3.11)."""
     out = tmp_path / "tiny"
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_checkpoint.py"), "--preset", "tiny-qwen2-vl",
                     "--out", str(out)], check=True, capture_output=True)
-    for name in ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json"):
+    names = ["model.safetensors", "config.json", "tokenizer_config.json", "generation_config.json"]
+    if sys.version_info[:2] == (3, 11):
+        names.append("tokenizer.json")
+    for name in names:
         assert (out / name).read_bytes() == (CHECKPOINTS["qwen2_vl"] / name).read_bytes(), name
