@@ -1,0 +1,54 @@
+"""Server test fixtures: one live server on a random loopback port for the session, and an offline LLM oracle."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from mm_infer.llm import LLM
+from servers.openai.config import FetchConfig, ServerConfig
+from servers.openai.launch import BackgroundServer, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CKPT = REPO / "assets" / "models" / "tiny-qwen2-vl"
+MEDIA = REPO / "assets" / "media"
+API_KEY = "test-key"
+MAX_MODEL_LEN = 1024
+NUM_BLOCKS = 256
+SMALL = 12544  # max_pixels for test images: at most 16 patches
+
+
+def data_url(path: Path, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[BackgroundServer]:
+    config = ServerConfig(
+        model_dir=str(CKPT), port=free_port(), api_key=API_KEY, max_body_bytes=4 << 20,
+        reasoning_parser="think", tool_parser="hermes",
+        fetch=FetchConfig(allowed_media_paths=(MEDIA,), max_bytes=1 << 20),
+        engine_options={"num_kv_blocks": NUM_BLOCKS, "max_model_len": MAX_MODEL_LEN})
+    srv = BackgroundServer(config).start()
+    yield srv
+    srv.stop()
+    assert not srv.thread.is_alive(), "the server thread did not stop"
+
+
+@pytest.fixture(scope="session")
+def client(server: BackgroundServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def llm() -> LLM:
+    return LLM(str(CKPT), num_kv_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
+
+
+@pytest.fixture(scope="session")
+def photo_url() -> str:
+    return data_url(MEDIA / "images" / "photo.png", "image/png")

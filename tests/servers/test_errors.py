@@ -1,0 +1,147 @@
+"""Every error path answers an OpenAI error body with the right status; a vanished client frees its blocks."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+
+import httpx
+import openai
+import pytest
+from conftest import API_KEY, MAX_MODEL_LEN, MEDIA, NUM_BLOCKS
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def post(server, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, headers=AUTH if headers is None else headers,
+                      timeout=60)
+
+
+def chat(content, **kw) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 2, "temperature": 0, **kw}
+
+
+def image(url: str) -> list[dict]:
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "x"}]
+
+
+def b64(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def assert_error(r: httpx.Response, status: int, words: str) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status
+    assert words.lower() in err["message"].lower(), err["message"]
+    return err
+
+
+def test_missing_or_wrong_api_key_is_401(server):
+    assert_error(post(server, "/v1/chat/completions", chat("hi"), headers={}), 401, "api key")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(f"{server.base_url}/health").status_code == 200  # health stays open
+
+
+def test_unknown_fields_are_named(server):
+    err = assert_error(post(server, "/v1/chat/completions", chat("hi", best_of=2, foo=1)), 400,
+                       "unrecognized request argument")
+    assert "best_of" in err["message"] and "foo" in err["message"]
+    bad_part = chat([{"type": "text", "text": "x", "colour": "red"}])
+    assert "colour" in assert_error(post(server, "/v1/chat/completions", bad_part), 400, "unrecognized")["message"]
+
+
+def test_unhonoured_params_are_400(server):
+    assert_error(post(server, "/v1/chat/completions", chat("hi", logprobs_mode="raw_logits")), 400, "logprobs_mode")
+    assert_error(post(server, "/v1/chat/completions", chat("hi", tool_choice="required", tools=[
+        {"type": "function", "function": {"name": "f"}}])), 400, "tool_choice")
+    assert_error(post(server, "/v1/chat/completions", chat("hi", top_logprobs=2)), 400, "logprobs")
+
+
+def test_bad_image_is_400_and_unsupported_is_415(server):
+    assert_error(post(server, "/v1/chat/completions", chat(image(b64(b"not an image at all")))), 400, "decodable")
+    assert_error(post(server, "/v1/chat/completions", chat(image(b64(b"%PDF-1.4 x", "application/pdf")))), 415,
+                 "PDF")
+    assert_error(post(server, "/v1/chat/completions", chat(image("data:image/png,abc"))), 415, "base64")
+    assert_error(post(server, "/v1/chat/completions", chat(image("ftp://example.com/a.png"))), 400, "scheme")
+
+
+def test_too_large_is_413(server):
+    big_media = b64(os.urandom(1_200_000))  # over the 1 MiB media cap, under the 4 MiB body cap
+    assert_error(post(server, "/v1/chat/completions", chat(image(big_media))), 413, "limit")
+    huge_body = chat("x" * (5 << 20))
+    assert_error(post(server, "/v1/chat/completions", huge_body), 413, "body")
+
+
+def test_file_url_outside_allowed_paths_is_403(server, tmp_path):
+    outside = tmp_path / "p.png"
+    outside.write_bytes((MEDIA / "images" / "tiny_9x13.png").read_bytes())
+    assert_error(post(server, "/v1/chat/completions", chat(image(f"file://{outside}"))), 403, "allowed-media-path")
+    sneaky = f"file://{MEDIA}/../models/tiny-qwen2-vl/config.json"
+    assert_error(post(server, "/v1/chat/completions", chat(image(sneaky))), 403, "allowed-media-path")
+    missing = f"file://{MEDIA}/images/none.png"
+    assert_error(post(server, "/v1/chat/completions", chat(image(missing))), 400, "cannot read")
+
+
+def test_private_http_url_is_refused(server):
+    url = f"{server.base_url}/version"  # loopback: refused before any connection is made
+    assert_error(post(server, "/v1/chat/completions", chat(image(url))), 403, "private")
+
+
+def test_context_overflow_gives_both_lengths(server):
+    err = assert_error(post(server, "/v1/chat/completions", chat("hello " * (MAX_MODEL_LEN + 50))), 400,
+                       "context length")
+    assert str(MAX_MODEL_LEN) in err["message"]
+    n = post(server, "/tokenize", {"prompt": "hello " * (MAX_MODEL_LEN + 50)}).json()["count"]
+    assert n > MAX_MODEL_LEN
+
+
+def test_mm_processor_kwargs_above_cap_is_400(server, photo_url):
+    body = chat(image(photo_url), mm_processor_kwargs={"max_pixels": 10**9})
+    assert_error(post(server, "/v1/chat/completions", body), 400, "cap")
+    body = chat(image(photo_url), mm_processor_kwargs={"fps": 100.0})
+    assert_error(post(server, "/v1/chat/completions", body), 400, "cap")
+    body = chat(image(photo_url), mm_processor_kwargs={"bogus": 1})
+    assert_error(post(server, "/v1/chat/completions", body), 400, "unrecognized mm_processor_kwargs")
+
+
+def test_impossible_splice_is_400(server):
+    messages = [{"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b", "prompt_token_ids": [1, 2, 3], "generation_token_ids": [4]},
+                {"role": "user", "content": "c"}]
+    assert_error(post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}), 400, "splice")
+
+
+def _wait_idle(server, timeout_s: float = 20.0) -> None:
+    engine = server.state.engine.engine
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not engine.groups and engine.block_manager.num_free_blocks == NUM_BLOCKS:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"blocks not freed: {engine.block_manager.num_free_blocks}/{NUM_BLOCKS} free, "
+                         f"groups {list(engine.groups)}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_disconnect_aborts_and_frees_blocks(server, stream):
+    _wait_idle(server)
+    before = server.state.metrics.aborted
+    body = chat("go on forever", max_tokens=MAX_MODEL_LEN, ignore_eos=True, stream=stream)
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=httpx.Timeout(60, read=1.0)) as c:
+        if stream:
+            with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()
+                assert next(line for line in lines if line.startswith("data:"))
+                assert server.state.engine.engine.groups, "the request should be running"
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                c.post("/v1/chat/completions", json=body)
+    _wait_idle(server)
+    assert server.state.metrics.aborted == before + 1
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert f"mm_infer_kv_blocks_free {NUM_BLOCKS}" in text
