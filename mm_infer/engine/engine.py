@@ -130,6 +130,9 @@ class LLMEngine:
         if room < 1:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
                               f"{self.runtime.max_model_len}")
+        if self.block_manager.blocks_needed(len(req.prompt_token_ids) + 1) > self.block_manager.num_blocks:
+            raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the KV cache holds "
+                              f"{self.block_manager.num_blocks * self.block_manager.block_size}")
         group = SequenceGroup(request_id, params, req.placeholders, req.item_patches, payload=req)
         for i in range(params.n):
             seq = Sequence(group, req.prompt_token_ids, i)
