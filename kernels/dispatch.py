@@ -17,15 +17,15 @@ from kernels import fused_patch_embed as _pe
 from kernels import fused_patchify as _pf
 from kernels import patch_merge as _pm
 from kernels import vision_rope as _vr
+from kernels._frames import CLIP, QWEN2_VL, Layout, Normalize, Offsets, PatchGeometry, Sizes, single_item
 from kernels._items import exclusive_cumsum, sizes_list
 from kernels._triton import interpreting
-from kernels.fused_patchify import CLIP_MEAN, CLIP_STD, QWEN2_VL, Offsets, PatchGeometry, Sizes
 from kernels.vision_rope import vision_position_ids, vision_rope_cos_sin
 
 Backend = Literal["triton", "torch"]
 ENV = "MM_INFER_KERNELS"
 
-__all__ = ["CLIP_MEAN", "CLIP_STD", "QWEN2_VL", "PatchGeometry", "Backend", "select_backend", "pack_frames",
+__all__ = ["CLIP", "QWEN2_VL", "Normalize", "PatchGeometry", "Layout", "Backend", "select_backend", "pack_frames",
            "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
            "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge"]
 
@@ -58,40 +58,35 @@ def grid_thw(thw: Sizes, geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
 
 
 def patchify_packed(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, *, out_dtype: torch.dtype = torch.float32,
-                    mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
-                    geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+                    norm: Normalize = CLIP, geometry: PatchGeometry = QWEN2_VL,
+                    layout: Layout = "thwc") -> torch.Tensor:
     """Flat uint8 buffer of items -> normalised pixel_values [sum(t*h*w), width] in Qwen2-VL row order."""
-    kw = dict(out_dtype=out_dtype, mean=mean, std=std, geometry=geometry)
-    if select_backend(buffer) == "triton":
-        return _pf.patchify_packed_triton(buffer, offsets, thw, **kw)
-    _pf.check_packed(buffer, offsets, thw, geometry)
-    return _pf.patchify_packed_reference(buffer, offsets, thw, **kw)
+    fn = _pf.patchify_packed_triton if select_backend(buffer) == "triton" else _pf.patchify_packed_reference
+    return fn(buffer, offsets, thw, out_dtype=out_dtype, norm=norm, geometry=geometry, layout=layout)
 
 
 def patchify(frames: torch.Tensor | Sequence[torch.Tensor], **kwargs) -> torch.Tensor:
-    """One item [T, H, W, 3] uint8, or a list of items (packed with one copy) -> pixel_values rows."""
+    """One item [T, H, W, 3] uint8 (or [T, 3, H, W] permuted), or a list of items (packed with one copy)."""
     if isinstance(frames, torch.Tensor):
-        assert frames.ndim == 4 and frames.is_contiguous(), "frames must be a contiguous [T, H, W, 3] tensor"
-        return patchify_packed(frames.view(-1), [0], [list(frames.shape[:3])], **kwargs)
+        buffer, offsets, thw, layout = single_item(frames)
+        return patchify_packed(buffer, offsets, thw, layout=layout, **kwargs)
     return patchify_packed(*pack_frames(frames), **kwargs)
 
 
 def patch_embed_packed(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
-                       mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
-                       geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+                       norm: Normalize = CLIP, geometry: PatchGeometry = QWEN2_VL,
+                       layout: Layout = "thwc") -> torch.Tensor:
     """Packed uint8 items + Conv3d weight [D, 3, tp, p, p] -> patch embeddings [sum(t*h*w), D], weight dtype."""
-    kw = dict(mean=mean, std=std, geometry=geometry)
-    if select_backend(buffer, weight) == "triton":
-        return _pe.patch_embed_packed_triton(buffer, offsets, thw, weight, **kw)
-    _pf.check_packed(buffer, offsets, thw, geometry)
-    return _pe.patch_embed_packed_reference(buffer, offsets, thw, weight, **kw)
+    triton_ok = select_backend(buffer, weight) == "triton"
+    fn = _pe.patch_embed_packed_triton if triton_ok else _pe.patch_embed_packed_reference
+    return fn(buffer, offsets, thw, weight, norm=norm, geometry=geometry, layout=layout)
 
 
 def patch_embed(frames: torch.Tensor | Sequence[torch.Tensor], weight: torch.Tensor, **kwargs) -> torch.Tensor:
-    """One item [T, H, W, 3] uint8, or a list of items -> patch embeddings [rows, D]."""
+    """One item [T, H, W, 3] uint8 (or [T, 3, H, W] permuted), or a list of items -> embeddings [rows, D]."""
     if isinstance(frames, torch.Tensor):
-        assert frames.ndim == 4 and frames.is_contiguous(), "frames must be a contiguous [T, H, W, 3] tensor"
-        return patch_embed_packed(frames.view(-1), [0], [list(frames.shape[:3])], weight, **kwargs)
+        buffer, offsets, thw, layout = single_item(frames)
+        return patch_embed_packed(buffer, offsets, thw, weight, layout=layout, **kwargs)
     return patch_embed_packed(*pack_frames(frames), weight, **kwargs)
 
 

@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from kernels._items import row_blocks
-from kernels._triton import cast_out, interpreting, round_to_bf16_rne, tl, triton
-from kernels.fused_patchify import (
+from kernels._frames import (
     CHANNELS,
-    CLIP_MEAN,
-    CLIP_STD,
+    CLIP,
     QWEN2_VL,
+    Layout,
+    Normalize,
     Offsets,
     PatchGeometry,
     Sizes,
     check_packed,
+    gather_normalized,
     item_meta,
-    norm_table,
-    packed_items,
-    patchify_reference,
+    item_view,
+    rescale_tensor,
+    row_coords,
+    single_item,
 )
+from kernels._items import row_blocks
+from kernels._triton import cast_out, interpreting, round_to_bf16_rne, tl, triton
+from kernels.fused_patchify import patchify_reference
 
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+BLOCK_M = 64  # rows per tile; fixed because the host row-block table is built with it
 
 
 def weight_matrix(weight: torch.Tensor, geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
@@ -38,26 +41,29 @@ def weight_matrix(weight: torch.Tensor, geometry: PatchGeometry = QWEN2_VL) -> t
     return weight  # [D, width]
 
 
-def patch_embed_reference(frames: torch.Tensor, weight: torch.Tensor, *, mean: Sequence[float] = CLIP_MEAN,
-                          std: Sequence[float] = CLIP_STD,
+def patch_embed_reference(frames: torch.Tensor, weight: torch.Tensor, *, norm: Normalize = CLIP,
                           geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
     """Reference for one item: patchify in the weight dtype, then rows @ W.T -> [t*h*w, D]."""
     w = weight_matrix(weight, geometry)  # [D, width]
-    rows = patchify_reference(frames, out_dtype=w.dtype, mean=mean, std=std, geometry=geometry)  # [R, width]
+    rows = patchify_reference(frames, out_dtype=w.dtype, norm=norm, geometry=geometry)  # [R, width]
     return rows @ w.T  # [R, D]
 
 
-def patch_embed_packed_reference(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor,
+def patch_embed_packed_reference(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
+                                 layout: Layout = "thwc", geometry: PatchGeometry = QWEN2_VL,
                                  **kwargs) -> torch.Tensor:
     """Reference for a packed batch: items' embeddings concatenated in order, [sum(t*h*w), D]."""
-    return torch.cat([patch_embed_reference(f, weight, **kwargs) for f in packed_items(buffer, offsets, thw)])
+    offs, sizes = check_packed(buffer, offsets, thw, geometry, layout)
+    return torch.cat([patch_embed_reference(item_view(buffer, o, s, layout), weight, geometry=geometry, **kwargs)
+                      for o, s in zip(offs, sizes, strict=True)])
 
 
 @triton.jit
-def _patch_embed_kernel(src_ptr, w_ptr, out_ptr, norm_ptr, meta_ptr, block_item_ptr, block_row_ptr, D,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _patch_embed_kernel(src_ptr, w_ptr, out_ptr, norm_ptr, rescale_ptr, meta_ptr, block_item_ptr, block_row_ptr,
+                        D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         PATCH: tl.constexpr, TPATCH: tl.constexpr, MERGE: tl.constexpr, CH: tl.constexpr,
-                        A_BF16: tl.constexpr, DOT_FP32: tl.constexpr, OUT_BF16: tl.constexpr):
+                        CHW: tl.constexpr, PIL: tl.constexpr, A_BF16: tl.constexpr, DOT_FP32: tl.constexpr,
+                        OUT_BF16: tl.constexpr):
     WIDTH: tl.constexpr = CH * TPATCH * PATCH * PATCH
     item = tl.load(block_item_ptr + tl.program_id(0))
     meta = meta_ptr + item * 8  # src_off, T, H, W, out_row0, n_rows, gh, gw (int64)
@@ -66,23 +72,13 @@ def _patch_embed_kernel(src_ptr, w_ptr, out_ptr, norm_ptr, meta_ptr, block_item_
     r = tl.load(block_row_ptr + tl.program_id(0)) + tl.arange(0, BLOCK_M)  # [BM] item-local merge-order row
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output channel
     mask_r, mask_n = r < n_rows, n < D
-    gt, blk = r // (gh * gw), (r % (gh * gw)) // (MERGE * MERGE)
-    ph = (blk // (gw // MERGE)) * MERGE + (r // MERGE) % MERGE  # [BM] patch row
-    pw = (blk % (gw // MERGE)) * MERGE + r % MERGE  # [BM] patch col
+    gt, ph, pw = row_coords(r, gh, gw, MERGE)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, WIDTH, BLOCK_K):
         f = k0 + tl.arange(0, BLOCK_K)  # [BK] feature (c, tt, py, px)
-        mask_f = f < WIDTH
-        c, tt = f // (TPATCH * PATCH * PATCH), (f // (PATCH * PATCH)) % TPATCH
-        frame = tl.minimum(gt[:, None] * TPATCH + tt[None, :], T - 1)  # [BM, BK]
-        y = ph[:, None] * PATCH + ((f // PATCH) % PATCH)[None, :]
-        x = pw[:, None] * PATCH + (f % PATCH)[None, :]
-        mask_a = mask_r[:, None] & mask_f[None, :]
-        v = tl.load(src_ptr + src_off + ((frame * H + y) * W + x) * CH + c[None, :], mask=mask_a, other=0)
-        mean = tl.load(norm_ptr + c, mask=mask_f, other=0.0)  # [BK]
-        std = tl.load(norm_ptr + CH + c, mask=mask_f, other=1.0)  # [BK]
-        a = tl.math.div_rn(v.to(tl.float32) - mean[None, :], std[None, :])  # [BM, BK] fp32, as patchify
-        mask_b = mask_f[:, None] & mask_n[None, :]
+        a = gather_normalized(src_ptr, norm_ptr, rescale_ptr, src_off, T, H, W, gt, ph, pw, mask_r, f,
+                              PATCH, TPATCH, CH, CHW, PIL)  # [BM, BK] float32, exactly as patchify
+        mask_b = (f < WIDTH)[:, None] & mask_n[None, :]
         b = tl.load(w_ptr + n[None, :] * WIDTH + f[:, None], mask=mask_b, other=0.0)  # [BK, BN] = W.T tile
         if DOT_FP32:  # fp32 weights, or the interpreter (its bf16 dot is broken); bf16 values stay exact
             if A_BF16:
@@ -101,31 +97,29 @@ _CONFIGS = [triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4)] if inte
     triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
     for n, k, w, s in [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (256, 32, 8, 3)]]
 _patch_embed_tuned = triton.autotune(_CONFIGS, key=["D", "A_BF16", "DOT_FP32"])(_patch_embed_kernel)
-BLOCK_M = 64
 
 
 def patch_embed_packed_triton(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
-                              mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
-                              geometry: PatchGeometry = QWEN2_VL) -> torch.Tensor:
+                              norm: Normalize = CLIP, geometry: PatchGeometry = QWEN2_VL,
+                              layout: Layout = "thwc") -> torch.Tensor:
     """Triton patch embedding of a packed batch -> [sum(t*h*w), D] in the weight dtype."""
     w = weight_matrix(weight, geometry)  # [D, width]
     assert w.device == buffer.device, f"weight on {w.device}, frames on {buffer.device}"
-    offs, sizes = check_packed(buffer, offsets, thw, geometry)
+    offs, sizes = check_packed(buffer, offsets, thw, geometry, layout)
     dev, d = buffer.device, w.shape[0]
     meta, n_rows = item_meta(offs, sizes, geometry, dev)
     out = torch.empty(sum(n_rows), d, dtype=w.dtype, device=dev)  # [rows, D]
     block_item, block_row = row_blocks(n_rows, BLOCK_M, dev)
     is_bf16 = w.dtype == torch.bfloat16
     _patch_embed_tuned[lambda cfg: (block_item.numel(), triton.cdiv(d, cfg["BLOCK_N"]))](
-        buffer, w, out, norm_table(mean, std, dev), meta, block_item, block_row, d, BLOCK_M=BLOCK_M,
+        buffer, w, out, norm.table(dev), rescale_tensor(dev), meta, block_item, block_row, d, BLOCK_M=BLOCK_M,
         PATCH=geometry.patch_size, TPATCH=geometry.temporal_patch_size, MERGE=geometry.merge_size, CH=CHANNELS,
-        A_BF16=is_bf16, DOT_FP32=w.dtype == torch.float32 or interpreting(), OUT_BF16=is_bf16)
+        CHW=layout == "tchw", PIL=norm.backend == "pil", A_BF16=is_bf16,
+        DOT_FP32=w.dtype == torch.float32 or interpreting(), OUT_BF16=is_bf16)
     return out
 
 
 def patch_embed_triton(frames: torch.Tensor, weight: torch.Tensor, **kwargs) -> torch.Tensor:
-    """Triton patch embedding of one item: [T, H, W, 3] uint8 contiguous -> [t*h*w, D]."""
-    assert isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8, "frames must be a uint8 tensor"
-    assert frames.ndim == 4 and frames.shape[3] == CHANNELS, f"frames must be [T,H,W,3]: {list(frames.shape)}"
-    assert frames.is_contiguous(), "frames must be contiguous"
-    return patch_embed_packed_triton(frames.view(-1), [0], [list(frames.shape[:3])], weight, **kwargs)
+    """Triton patch embedding of one item [T, H, W, 3] uint8 (contiguous, or [T, 3, H, W] permuted)."""
+    buffer, offsets, thw, layout = single_item(frames)
+    return patch_embed_packed_triton(buffer, offsets, thw, weight, layout=layout, **kwargs)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.fused_patchify import CLIP_MEAN, CLIP_STD, norm_table
+from kernels._frames import Normalize
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_GOLDEN = REPO.parent / "shared" / "golden" / "qwen2vl"
@@ -36,13 +36,14 @@ def packed_with_gaps(items: list[torch.Tensor], gap: int = 7) -> tuple[torch.Ten
     return torch.cat(parts), offsets, [list(f.shape[:3]) for f in items]
 
 
-def golden_frames(name: str, kind: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def golden_frames(name: str, kind: str, backend: str = "torchvision") -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """(uint8 frames [2t, H, W, 3], HF pixel_values [rows, 1176], grid) from a golden npz (HF -> uint8 exactly)."""
-    data = np.load(SHARED_GOLDEN / f"{name}.torchvision.npz")
+    data = np.load(SHARED_GOLDEN / f"{name}.{backend}.npz")
     pv = torch.from_numpy(data["pixel_values" if kind == "image" else "pixel_values_videos"])  # [rows, 1176]
     t, h, w = (data["image_grid_thw" if kind == "image" else "video_grid_thw"][0]).tolist()
     x = pv.reshape(t, h // 2, w // 2, 2, 2, 3, 2, 14, 14)  # gt, bh, bw, mh, mw, c, tt, py, px
     x = x.permute(0, 6, 1, 3, 7, 2, 4, 8, 5).reshape(2 * t, h * 14, w * 14, 3)  # [T, H, W, C]
-    norm = norm_table(CLIP_MEAN, CLIP_STD, torch.device("cpu"))  # [2, C]
-    frames = (x * norm[1] + norm[0]).round().clamp(0, 255).to(torch.uint8).contiguous()
+    table = Normalize(backend=backend).table("cpu")  # [2, C]
+    scale = 1 if backend == "torchvision" else 255
+    frames = ((x * table[1] + table[0]) * scale).round().clamp(0, 255).to(torch.uint8).contiguous()
     return frames, pv, [t, h, w]

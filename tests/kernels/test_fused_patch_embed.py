@@ -6,6 +6,7 @@ import pytest
 import torch
 from kernel_cases import BATCH_CASE, FRAME_CASES, frames_u8, packed_with_gaps
 
+from kernels._frames import Normalize
 from kernels.fused_patch_embed import (
     patch_embed_packed_reference,
     patch_embed_packed_triton,
@@ -50,6 +51,16 @@ def test_packed_batch_matches_reference(dtype: torch.dtype, device: torch.device
     w = weight(40, dtype, device)
     out = patch_embed_packed_triton(buf.to(device), offs, thw, w)
     assert_close(out, patch_embed_packed_reference(buf.to(device), offs, thw, w))
+
+
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+def test_pil_normalisation_and_channels_first(backend: str, device: torch.device) -> None:
+    frames, w = frames_u8(3, 28, 56).to(device), weight(24, torch.bfloat16, device)
+    norm = Normalize(backend=backend)
+    ref = patch_embed_reference(frames, w, norm=norm)
+    assert_close(patch_embed_triton(frames, w, norm=norm), ref)
+    chw_view = frames.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)  # [T, H, W, 3] over [T, 3, H, W]
+    assert_close(patch_embed_triton(chw_view, w, norm=norm), ref)
 
 
 def test_matches_hf_patch_embed(device: torch.device) -> None:

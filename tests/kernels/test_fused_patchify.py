@@ -8,9 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import BATCH_CASE, FRAME_CASES, SHARED_GOLDEN, frames_u8, golden_frames, packed_with_gaps
 
+from kernels._frames import QWEN2_VL, Normalize, PatchGeometry
 from kernels.fused_patchify import (
-    QWEN2_VL,
-    PatchGeometry,
     patchify_packed_reference,
     patchify_packed_triton,
     patchify_reference,
@@ -68,20 +67,37 @@ def test_offsets_and_thw_as_tensors(device: torch.device) -> None:
 def test_other_geometry_and_norm(device: torch.device) -> None:
     geo = PatchGeometry(patch_size=16, temporal_patch_size=2, merge_size=2)  # Qwen3-VL-like patches
     frames = frames_u8(3, 32, 64).to(device)
-    kw = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), geometry=geo)
+    kw = dict(norm=Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), geometry=geo)
     out = patchify_triton(frames, **kw)
     assert out.shape == (2 * 2 * 4, geo.width)
     assert_close(out, patchify_reference(frames, **kw))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+def test_pil_normalisation_and_channels_first(dtype: torch.dtype, backend: str, device: torch.device) -> None:
+    frames = frames_u8(3, 56, 28).to(device)
+    norm = Normalize(backend=backend)
+    ref = patchify_reference(frames, out_dtype=dtype, norm=norm)
+    assert_close(patchify_triton(frames, out_dtype=dtype, norm=norm), ref)
+    chw = frames.permute(0, 3, 1, 2).contiguous()  # [T, 3, H, W] as a resize produces it
+    assert_close(patchify_triton(chw.permute(0, 2, 3, 1), out_dtype=dtype, norm=norm), ref)
+    buf, offs, thw = packed_with_gaps([chw, chw[:1]])
+    out = patchify_packed_triton(buf.to(device), offs, [[3, 56, 28], [1, 56, 28]], layout="tchw", norm=norm,
+                                 out_dtype=dtype)
+    assert_close(out, torch.cat([ref, patchify_reference(frames[:1], out_dtype=dtype, norm=norm)]))
+
+
 @pytest.mark.skipif(not SHARED_GOLDEN.is_dir(), reason="shared golden outputs not present")
-@pytest.mark.parametrize(("name", "kind"), [("tiny_9x13.png", "image"), ("strip_wide.png", "image"),
-                                            ("half_round_42x126.png", "image"), ("odd7_h264_2fps.mp4", "video")])
-def test_matches_hf_golden_bit_for_bit(name: str, kind: str, device: torch.device) -> None:
-    frames, golden, grid = golden_frames(name, kind)
+@pytest.mark.parametrize(("name", "kind", "backend"), [
+    ("tiny_9x13.png", "image", "torchvision"), ("strip_wide.png", "image", "torchvision"),
+    ("half_round_42x126.png", "image", "torchvision"), ("odd7_h264_2fps.mp4", "video", "torchvision"),
+    ("tiny_9x13.png", "image", "pil"), ("half_round_42x126.png", "image", "pil")])
+def test_matches_hf_golden_bit_for_bit(name: str, kind: str, backend: str, device: torch.device) -> None:
+    frames, golden, grid = golden_frames(name, kind, backend)
     if kind == "image":
         frames = frames[:1].contiguous()  # T=1: the kernel pads it to 2 as HF does
-    out = patchify_triton(frames.to(device)).cpu()
+    out = patchify_triton(frames.to(device), norm=Normalize(backend=backend)).cpu()
     assert list(QWEN2_VL.grid(frames.shape[:3])) == grid
     assert torch.equal(out, golden), f"max abs diff {(out - golden).abs().max().item()}"
 
@@ -92,6 +108,10 @@ def test_assertions(device: torch.device) -> None:
         patchify_triton(frames.float())
     with pytest.raises(AssertionError, match="contiguous"):
         patchify_triton(frames.transpose(1, 2))
+    with pytest.raises(AssertionError, match="layout"):
+        patchify_packed_triton(frames.view(-1), [0], [[1, 28, 56]], layout="nchw")
+    with pytest.raises(AssertionError, match="backend"):
+        patchify_triton(frames, norm=Normalize(backend="cv2"))
     with pytest.raises(AssertionError, match=r"\[T,H,W,3\]"):
         patchify_triton(frames[0])
     with pytest.raises(AssertionError, match="multiples of 28"):

@@ -6,6 +6,7 @@ import pytest
 import torch
 from kernel_cases import frames_u8
 
+from kernels._frames import Normalize
 from kernels.fused_patchify import patchify_reference
 from kernels.patch_merge import patch_merge_reference, patch_merge_triton
 
@@ -48,7 +49,7 @@ def test_raster_patch_rows_become_qwen_rows(device: torch.device) -> None:
     x = frames.permute(0, 3, 1, 2).float()  # [T, C, H, W] values 0..255
     x = torch.cat([x, x[-1:]]).reshape(t, 2, 3, h, 14, w, 14).permute(0, 3, 5, 2, 1, 4, 6)  # raster patches
     raster = x.reshape(t * h * w, 1176)
-    unnormalised = patchify_reference(frames, mean=(0.0, 0.0, 0.0), std=(1 / 255, 1 / 255, 1 / 255))
+    unnormalised = patchify_reference(frames, norm=Normalize((0.0,) * 3, (1 / 255,) * 3))
     assert torch.equal(patch_merge_triton(raster, [[t, h, w]]), unnormalised)
     merged = patch_merge_triton(raster, [[t, h, w]])
     assert merged.view(-1, 4 * 1176).shape == (t * h * w // 4, 4704)  # the merger's free view
