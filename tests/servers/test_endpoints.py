@@ -1,0 +1,78 @@
+"""The small endpoints (models, health, version, tokenize, detokenize, metrics) and /v1/completions."""
+
+from __future__ import annotations
+
+import httpx
+from conftest import API_KEY, MAX_MODEL_LEN, SMALL
+
+from mm_infer import SamplingParams
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def test_models_health_version(client, server):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny-qwen2-vl"] and models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert httpx.get(f"{server.base_url}/version").json()["version"]
+
+
+def test_tokenize_messages_gives_expanded_ids_and_ranges(server, photo_url):
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": photo_url}},
+                                                      {"type": "text", "text": "hi"}]}],
+            "mm_processor_kwargs": {"max_pixels": SMALL}, "return_token_strs": True}
+    r = httpx.post(f"{server.base_url}/tokenize", json=body, headers=AUTH).json()
+    (ph,) = r["placeholders"]
+    assert ph["modality"] == "image" and ph["length"] > 1
+    assert r["tokens"][ph["offset"]:ph["offset"] + ph["length"]] == [3006] * ph["length"]
+    assert r["count"] == len(r["tokens"]) == len(r["token_strs"])
+    text = httpx.post(f"{server.base_url}/detokenize", json={"tokens": r["tokens"][:4]}, headers=AUTH).json()
+    assert text["prompt"].startswith("<|im_start|>system")
+
+
+def test_completions_text_and_token_ids_match_llm(client, llm):
+    ref = llm.generate({"prompt": "Once upon a time"}, SamplingParams(temperature=0.0, max_tokens=5, logprobs=2),
+                       use_tqdm=False)[0]
+    r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=2,
+                                  extra_body={"return_token_ids": True})
+    choice = r.choices[0]
+    assert choice.model_extra["token_ids"] == ref.outputs[0].token_ids
+    assert choice.model_extra["prompt_token_ids"] == ref.prompt_token_ids
+    assert choice.text == ref.outputs[0].text
+    assert max(abs(a - b) for a, b in zip(choice.logprobs.token_logprobs, ref.outputs[0].logprobs,
+                                           strict=True)) < 1e-5
+    assert all(len(t) == 2 for t in choice.logprobs.top_logprobs)
+    by_ids = client.completions.create(model="m", prompt=ref.prompt_token_ids, max_tokens=5, temperature=0,
+                                       extra_body={"return_token_ids": True})
+    assert by_ids.choices[0].model_extra["token_ids"] == ref.outputs[0].token_ids
+    batch = client.completions.create(model="m", prompt=[[5, 6, 7], [8, 9]], max_tokens=2, temperature=0, n=2)
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
+
+
+def test_completions_stream(client):
+    whole = client.completions.create(model="m", prompt="abc", max_tokens=4, temperature=0)
+    parts = list(client.completions.create(model="m", prompt="abc", max_tokens=4, temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == whole.choices[0].text
+
+
+def test_stop_token_ids_and_stop_strings(client):
+    base = client.completions.create(model="m", prompt="abc", max_tokens=6, temperature=0,
+                                     extra_body={"return_token_ids": True})
+    ids = base.choices[0].model_extra["token_ids"]
+    stopped = client.completions.create(model="m", prompt="abc", max_tokens=6, temperature=0,
+                                        extra_body={"return_token_ids": True, "stop_token_ids": [ids[2]]})
+    assert stopped.choices[0].model_extra["token_ids"] == ids[:3] and stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].model_extra["stop_reason"] == ids[2]
+
+
+def test_metrics_exposition(client, server):
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "m"}], max_tokens=2)
+    text = httpx.get(f"{server.base_url}/metrics").text
+    for name in ("mm_infer_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}",
+                 "mm_infer_generation_tokens_total", "mm_infer_num_requests_waiting",
+                 "mm_infer_e2e_request_latency_seconds_bucket{le=\"+Inf\"}",
+                 "mm_infer_time_to_first_token_seconds_count",
+                 "mm_infer_encoder_cache_hits", "mm_infer_prefix_cache_hit_tokens"):
+        assert name in text, name
+    line = next(ln for ln in text.splitlines() if ln.startswith("mm_infer_generation_tokens_total"))
+    assert int(line.split()[-1]) >= 2

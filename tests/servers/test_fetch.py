@@ -1,0 +1,117 @@
+"""MediaFetcher against a local HTTP server: allowed when private URLs are enabled, capped, no redirects."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from conftest import MEDIA
+
+from mm_infer.media import MediaTooLargeError
+from servers.openai.config import FetchConfig
+from servers.openai.errors import ApiError
+from servers.openai.fetch import MediaFetcher, is_public_address
+
+PHOTO = (MEDIA / "images" / "photo.png").read_bytes()
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "/photo.png")
+            self.end_headers()
+        elif self.path == "/photo.png":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(PHOTO)))
+            self.end_headers()
+            self.wfile.write(PHOTO)
+        elif self.path == "/chunked":  # no Content-Length: the cap must hold while streaming
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(PHOTO)
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_url() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    thread.join(timeout=5)
+
+
+def fetch(config: FetchConfig, url: str) -> bytes:
+    async def go() -> bytes:
+        fetcher = MediaFetcher(config)
+        try:
+            return await fetcher.fetch(url)
+        finally:
+            await fetcher.aclose()
+    return asyncio.run(go())
+
+
+def test_local_http_allowed_when_private_urls_are(http_url):
+    assert fetch(FetchConfig(allow_private_urls=True), f"{http_url}/photo.png") == PHOTO
+
+
+def test_private_http_refused_by_default(http_url):
+    with pytest.raises(ApiError) as e:
+        fetch(FetchConfig(), f"{http_url}/photo.png")
+    assert e.value.status == 403
+
+
+def test_redirects_and_errors_are_not_followed(http_url):
+    cfg = FetchConfig(allow_private_urls=True)
+    with pytest.raises(ApiError, match="redirect"):
+        fetch(cfg, f"{http_url}/redirect")
+    with pytest.raises(ApiError, match="404"):
+        fetch(cfg, f"{http_url}/missing")
+
+
+@pytest.mark.parametrize("path", ["/photo.png", "/chunked"])
+def test_byte_cap(http_url, path):
+    with pytest.raises(MediaTooLargeError):
+        fetch(FetchConfig(allow_private_urls=True, max_bytes=1000), f"{http_url}{path}")
+
+
+def test_timeout_is_400():
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)  # accepts the connection, never answers
+    try:
+        with pytest.raises(ApiError, match="timed out"):
+            fetch(FetchConfig(allow_private_urls=True, timeout_s=0.3),
+                  f"http://127.0.0.1:{listener.getsockname()[1]}/x")
+    finally:
+        listener.close()
+
+
+def test_file_urls_only_under_roots(tmp_path):
+    (tmp_path / "ok.bin").write_bytes(b"abc")
+    cfg = FetchConfig(allowed_media_paths=(tmp_path,))
+    assert fetch(cfg, f"file://{tmp_path}/ok.bin") == b"abc"
+    with pytest.raises(ApiError) as e:
+        fetch(FetchConfig(), f"file://{tmp_path}/ok.bin")
+    assert e.value.status == 403
+    with pytest.raises(ApiError, match="remote host"):
+        fetch(cfg, f"file://evil.example{tmp_path}/ok.bin")
+
+
+@pytest.mark.parametrize("address, public", [("127.0.0.1", False), ("10.1.2.3", False), ("169.254.169.254", False),
+                                             ("::1", False), ("::ffff:192.168.0.1", False), ("8.8.8.8", True),
+                                             ("2606:4700:4700::1111", True)])
+def test_public_address_rule(address, public):
+    assert is_public_address(address) is public

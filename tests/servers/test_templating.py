@@ -1,0 +1,78 @@
+"""ChatRenderer: the checkpoint's template, the fallback template, continue_final_message, return shapes."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import CKPT
+
+from mm_infer.engine.tokenizer import Tokenizer
+from servers.openai.errors import ApiError
+from servers.openai.templating import ChatRenderer
+
+MEDIA_TOKENS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
+                "video": "<|vision_start|><|video_pad|><|vision_end|>"}
+CONVO = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]},
+         {"role": "assistant", "content": "Hello the"}]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_pretrained(CKPT)
+
+
+def test_checkpoint_template_and_generation_prompt(tok):
+    r = ChatRenderer(tok, MEDIA_TOKENS)
+    text = r.render_text(CONVO[:1])
+    assert text.endswith("<|im_start|>assistant\n") and "<|image_pad|>" in text
+    assert not r.render_text(CONVO[:1], add_generation_prompt=False).endswith("assistant\n")
+    assert r.render(CONVO[:1]) == tok.apply_chat_template(CONVO[:1], add_generation_prompt=True)
+
+
+def test_continue_final_message(tok):
+    r = ChatRenderer(tok, MEDIA_TOKENS)
+    text = r.render_text(CONVO, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("<|im_start|>assistant\nHello the")
+    with pytest.raises(ApiError, match="both"):
+        r.render_text(CONVO, continue_final_message=True)
+    with pytest.raises(ApiError, match="assistant"):
+        r.render_text(CONVO[:1], add_generation_prompt=False, continue_final_message=True)
+
+
+def test_chat_template_kwargs_reach_the_template(tok):
+    r = ChatRenderer(tok, MEDIA_TOKENS)
+    assert "Picture 1: " in r.render_text(CONVO[:1], chat_template_kwargs={"add_vision_id": True})
+    with pytest.raises(ApiError, match="may not set"):
+        r.render_text(CONVO[:1], chat_template_kwargs={"add_generation_prompt": False})
+
+
+def test_fallback_template_without_chat_template(tok):
+    bare = Tokenizer(tok.backend, None, tok.special)
+    r = ChatRenderer(bare, MEDIA_TOKENS)
+    text = r.render_text(CONVO[:1])
+    assert text == "user: <|vision_start|><|image_pad|><|vision_end|>hi<|im_end|>\nassistant: "
+    ids = r.render(CONVO[:1])
+    assert 3006 in ids and 3002 in ids
+
+
+class BatchEncodingTokenizer:
+    """Shaped like a transformers 5 tokenizer that answers dicts / nested lists."""
+
+    chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+    def __init__(self, inner: Tokenizer, shape: str) -> None:
+        self.inner, self.shape = inner, shape
+
+    def apply_chat_template(self, messages, tokenize=False, **kw):
+        text = "".join(m["content"] for m in messages)
+        return [text] if self.shape == "nested" else text
+
+    def encode(self, text, add_special_tokens=False):
+        ids = self.inner.encode(text, add_special_tokens=False)
+        return {"input_ids": [ids], "attention_mask": [[1] * len(ids)]} if self.shape == "dict" else [ids]
+
+
+@pytest.mark.parametrize("shape", ["dict", "nested"])
+def test_every_return_shape(tok, shape):
+    r = ChatRenderer(BatchEncodingTokenizer(tok, shape), MEDIA_TOKENS)
+    assert r.render([{"role": "user", "content": "hello world"}]) == tok.encode("hello world",
+                                                                                 add_special_tokens=False)
