@@ -95,7 +95,8 @@ def hf_teacher_forced(prompt: dict, generated: list[int], path: Path = CKPT) -> 
 
 MIXED = [  # text-only, one image, several images, video, image+video; unequal lengths
     [12], [40], [3, ("image", 1, 4, 4), 9], [("image", 1, 8, 6), 20], [5, ("image", 1, 6, 10), 2],
-    [4, ("image", 1, 4, 4), 3, ("image", 1, 6, 6), 8], [7, ("image", 1, 4, 8), ("image", 1, 8, 4), ("image", 1, 4, 4), 1],
+    [4, ("image", 1, 4, 4), 3, ("image", 1, 6, 6), 8],
+    [7, ("image", 1, 4, 8), ("image", 1, 8, 4), ("image", 1, 4, 4), 1],
     [2, ("video", 2, 4, 6), 11], [("video", 4, 6, 4), 3], [6, ("image", 1, 6, 8), 5, ("video", 2, 4, 4), 4],
     [30, ("video", 2, 8, 8), 2, ("image", 1, 4, 6), 6], [1, ("image", 1, 10, 14), 1], [25],
     [3, ("image", 1, 4, 4), 2, ("image", 1, 4, 4), 2, ("image", 1, 4, 4), 2], [9, ("video", 2, 6, 6), 9],

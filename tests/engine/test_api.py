@@ -1,0 +1,145 @@
+"""Public entry points: LLM.generate with real media and chat messages, AsyncEngine streams, cancel and abort."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+from engine_cases import CKPT, CKPT25, REPO, case, hf_kwargs, hf_model
+
+import mm_infer
+from mm_infer import SamplingParams
+from mm_infer.engine.async_engine import AsyncEngine
+from mm_infer.engine.engine import LLMEngine
+from mm_infer.media import MediaError
+from mm_infer.prompt.placeholders import PromptError
+
+IMAGES = REPO / "assets" / "media" / "images"
+VIDEOS = REPO / "assets" / "media" / "videos"
+
+
+def test_lazy_exports():
+    assert mm_infer.LLM.__name__ == "LLM" and mm_infer.SamplingParams.__name__ == "SamplingParams"
+
+
+def _as_oracle_prompt(req) -> dict:
+    """The engine's own preprocessing, in the engine_cases prompt shape, for the HF oracle."""
+    from mm_infer.media.packed import PackedTensor
+
+    mm = {}
+    for kind in ("image", "video"):
+        items = [it for it in req.items if it.modality == kind]
+        if items:
+            mm[kind] = PackedTensor(torch.cat([it.pixel_values for it in items]),
+                                    torch.tensor([it.grid_thw for it in items]),
+                                    torch.ones(len(items), dtype=torch.long))
+    return {"prompt_token_ids": req.prompt_token_ids, "multi_modal_data": mm}
+
+
+def test_chat_messages_with_real_image_and_video_match_hf(llm, capsys):
+    prompt = {
+        "messages": [{"role": "user", "content": [
+            {"type": "image"}, {"type": "text", "text": "and"}, {"type": "video"}, {"type": "text", "text": "why?"}]}],
+        "multi_modal_data": {"image": [str(IMAGES / "photo_q90.jpg")],
+                             "video": [(VIDEOS / "odd7_h264_2fps.mp4").read_bytes()]},
+        "mm_processor_kwargs": {"max_pixels": 128 * 28 * 28, "video_max_pixels": 64 * 28 * 28, "fps": 1.0},
+    }
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10))[0]
+    assert "Processed prompts" in capsys.readouterr().err  # tqdm progress bar
+    req = llm.engine.prepare(prompt)
+    assert out.prompt_token_ids == req.prompt_token_ids
+    oracle = _as_oracle_prompt(req)
+    ids = req.prompt_token_ids
+    with torch.inference_mode():
+        ref = hf_model().generate(**hf_kwargs(oracle, ids), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+    assert out.outputs[0].token_ids == ref
+    assert isinstance(out.outputs[0].text, str) and out.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_bad_prompts_raise_4xx_and_queue_nothing(llm):
+    with pytest.raises(PromptError, match="unknown prompt keys"):
+        llm.generate([{"prompt": "hi", "images": []}], use_tqdm=False)
+    with pytest.raises(PromptError, match="1 image placeholder"):
+        llm.generate(["fine", {"prompt": "<|vision_start|><|image_pad|><|vision_end|>"}], use_tqdm=False)
+    with pytest.raises(MediaError) as e:
+        llm.generate([{"prompt": "<|vision_start|><|image_pad|><|vision_end|>",
+                       "multi_modal_data": {"image": [b"not an image"]}}], use_tqdm=False)
+    assert 400 <= e.value.status < 500
+    assert not llm.engine.has_unfinished()
+
+
+def test_qwen25_video_and_image_match_hf():
+    threads = torch.get_num_threads()
+    try:
+        llm = mm_infer.LLM(str(CKPT25), num_kv_blocks=256, cpu_threads=1)
+        prompt = case([4, ("image", 1, 4, 6), 3, ("video", 4, 4, 4), 5], seed=50)
+        prompt["mm_processor_kwargs"] = {"fps": 1.0}  # second_per_grid_ts = temporal_patch / fps = 2.0
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)[0]
+        ids = out.prompt_token_ids
+        kw = hf_kwargs(prompt, ids) | {"second_per_grid_ts": torch.tensor([2.0])}
+        with torch.inference_mode():
+            ref = hf_model(CKPT25).generate(**kw, max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+    finally:
+        torch.set_num_threads(threads)
+    assert out.outputs[0].token_ids == ref
+
+
+@pytest.fixture(scope="module")
+def async_engine():
+    threads = torch.get_num_threads()
+    engine = AsyncEngine(LLMEngine.from_options(str(CKPT), num_kv_blocks=256, cpu_threads=1))
+    yield engine
+    engine.shutdown()
+    torch.set_num_threads(threads)
+
+
+def test_async_streams_match_offline(async_engine, llm):
+    prompts = [case([5, ("image", 1, 4, 4), 6], seed=60), case([17], seed=61)]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    offline = llm.generate(prompts, params, use_tqdm=False)
+
+    async def collect(prompt):
+        return [out async for out in async_engine.generate(prompt, params)]
+
+    async def main():
+        return await asyncio.gather(*(collect(p) for p in prompts))
+
+    for snaps, ref in zip(asyncio.run(main()), offline, strict=True):
+        assert snaps[-1].finished and not any(s.finished for s in snaps[:-1])
+        assert [len(s.outputs[0].token_ids) for s in snaps] == list(range(1, len(snaps) + 1))
+        assert snaps[-1].outputs[0].token_ids == ref.outputs[0].token_ids
+        assert snaps[-1].outputs[0].logprobs == ref.outputs[0].logprobs
+
+
+def test_async_cancel_aborts_and_explicit_abort_reports(async_engine):
+    long = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+
+    async def cancel_after_three():
+        seen = 0
+        async for _ in async_engine.generate(case([8], seed=70), long, request_id="cancel-me"):
+            seen += 1
+            if seen == 3:
+                break  # closing the stream aborts the request
+        return seen
+
+    async def abort_midway():
+        outs = []
+        async for out in async_engine.generate(case([8], seed=71), long, request_id="abort-me"):
+            outs.append(out)
+            if len(outs) == 2:
+                async_engine.abort("abort-me")
+        return outs
+
+    assert asyncio.run(cancel_after_three()) == 3
+    outs = asyncio.run(abort_midway())
+    final = outs[-1]
+    assert final.finished and final.outputs[0].finish_reason == "abort"
+    tokens = final.outputs[0].token_ids
+    assert 2 <= len(tokens) < 500 and len(final.outputs[0].logprobs) == len(tokens)
+    deadline = time.time() + 5
+    while async_engine.engine.has_unfinished() and time.time() < deadline:
+        time.sleep(0.01)
+    bm = async_engine.engine.block_manager
+    assert not async_engine.engine.has_unfinished() and bm.num_free_blocks == bm.num_blocks
