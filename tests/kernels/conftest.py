@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -24,3 +25,14 @@ def _no_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts from the dispatcher's automatic choice."""
     monkeypatch.delenv("MM_INFER_KERNELS", raising=False)
 
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32() -> Iterator[None]:
+    """fp32 references (matmul, HF's Conv3d through cuDNN) must not use TF32 on GPUs that have it."""
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn
