@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from mm_infer.models.attention import AttentionContext
@@ -48,7 +49,8 @@ class TextModel(nn.Module):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # from_pretrained skips the random init (always overwritten by the loader; slow on the meta device)
+        self.embed_tokens = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.hidden_size), freeze=False)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim)  # float32, deliberately not a buffer

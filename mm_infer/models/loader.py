@@ -73,14 +73,24 @@ def iter_safetensors(model_dir: str | Path) -> Iterable[tuple[str, Tensor]]:
                 yield key, f.get_tensor(key)
 
 
+def materialize(model: torch.nn.Module, dtype: torch.dtype, device: str | torch.device) -> None:
+    """Give every (meta) parameter uninitialised storage; avoids to_empty, whose meta path imports sympy."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = torch.nn.Parameter(
+                    torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False
+                )
+
+
 def load_model(
     model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[QwenVLModel, ModelConfig]:
     """Build the model for config.json in `model_dir` and fill it from its safetensors files."""
     config = load_config(model_dir)
     with torch.device("meta"):
-        model = QwenVLModel(config).to(dtype)  # no allocation or random init; storage comes next
-    model = model.to_empty(device=device)
+        model = QwenVLModel(config)  # no allocation, no random init
+    materialize(model, dtype, device)
     load_state_dict_into(model, iter_safetensors(model_dir), strict=True)
     model.requires_grad_(False).eval()
     return model, config
