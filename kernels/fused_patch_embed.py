@@ -95,7 +95,7 @@ def _patch_embed_kernel(src_ptr, w_ptr, out_ptr, norm_ptr, rescale_ptr, meta_ptr
 # Tuned on CUDA over N/K tiles (M is fixed by the host row-block table); one config in the interpreter.
 _CONFIGS = [triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4)] if interpreting() else [
     triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-    for n, k, w, s in [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (256, 32, 8, 3)]]
+    for n, k, w, s in [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4)]]
 _patch_embed_tuned = triton.autotune(_CONFIGS, key=["D", "A_BF16", "DOT_FP32"])(_patch_embed_kernel)
 
 

@@ -12,10 +12,10 @@ unset TRITON_INTERPRET MM_INFER_KERNELS
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available())"
 } 2>&1 | tee "$DEST/env.txt"
 
-timeout 300 "$PY" -m pytest -q tests/kernels -p no:cacheprovider --junitxml="$DEST/tests.xml" 2>&1 | tee "$DEST/tests.txt"
+timeout 420 "$PY" -m pytest -q tests/kernels -p no:cacheprovider --junitxml="$DEST/tests.xml" 2>&1 | tee "$DEST/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
-timeout 240 "$PY" scripts/bench_kernels.py --json "$DEST/bench.json" 2>&1 | tee "$DEST/bench.txt"
+timeout 300 "$PY" scripts/bench_kernels.py --json "$DEST/bench.json" 2>&1 | tee "$DEST/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 
 echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc (logs in $DEST)" | tee "$DEST/summary.txt"
