@@ -61,6 +61,8 @@ class PackedTensor:
         """Concatenate items in order; an empty list gives an empty PackedTensor."""
         if not items:
             return PackedTensor.empty()
+        if len(items) == 1:
+            return items[0]  # nothing to join: no copy
         keep_hashes = all(it.content_hashes for it in items)
         return PackedTensor(
             torch.cat([it.pixel_values for it in items], dim=0),
