@@ -139,3 +139,16 @@ def test_prompt_logprobs_and_max_tokens_clamped(client):
     plp = r.model_extra["prompt_logprobs"]
     assert plp[0] is None and len(plp) == r.usage.prompt_tokens
     assert all(v is not None and next(iter(v.values()))["logprob"] <= 0 for v in plp[1:])
+
+
+def test_tools_and_tool_history_are_accepted(client):
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "d",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "user", "content": "look it up"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    for choice in ("auto", "none"):
+        r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, tool_choice=choice,
+                                           max_tokens=2, temperature=0.0)
+        assert r.choices[0].finish_reason in ("stop", "length") and r.usage.prompt_tokens > 10
