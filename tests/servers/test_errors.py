@@ -145,3 +145,22 @@ def test_client_disconnect_aborts_and_frees_blocks(server, stream):
     assert server.state.metrics.aborted == before + 1
     text = httpx.get(f"{server.base_url}/metrics").text
     assert f"mm_infer_kv_blocks_free {NUM_BLOCKS}" in text
+
+
+def test_engine_side_abort_is_never_a_completion(server):
+    import threading
+
+    _wait_idle(server)
+    result: dict = {}
+    body = chat("abort me", max_tokens=MAX_MODEL_LEN, ignore_eos=True, request_id="to-abort")
+    worker = threading.Thread(target=lambda: result.update(r=post(server, "/v1/chat/completions", body)))
+    worker.start()
+    engine = server.state.engine
+    deadline = time.monotonic() + 20
+    while "chatcmpl-to-abort" not in engine.engine.groups:
+        assert time.monotonic() < deadline and worker.is_alive(), "request never started"
+        time.sleep(0.01)
+    engine.abort("chatcmpl-to-abort")  # notify=True: the stream gets a final output with finish_reason "abort"
+    worker.join(timeout=30)
+    assert_error(result["r"], 503, "aborted")
+    _wait_idle(server)

@@ -76,3 +76,16 @@ def test_every_return_shape(tok, shape):
     r = ChatRenderer(BatchEncodingTokenizer(tok, shape), MEDIA_TOKENS)
     assert r.render([{"role": "user", "content": "hello world"}]) == tok.encode("hello world",
                                                                                  add_special_tokens=False)
+
+
+def test_transformers_tokenizer_renders_the_same_ids(tok):
+    from transformers import AutoTokenizer
+
+    from mm_infer.engine.request import _flat_ids
+
+    hf = AutoTokenizer.from_pretrained(CKPT)
+    convo = CONVO + [{"role": "user", "content": "again"}]
+    ours = ChatRenderer(tok, MEDIA_TOKENS).render(convo)
+    assert ChatRenderer(hf, MEDIA_TOKENS).render(convo) == ours
+    assert _flat_ids(hf.apply_chat_template(convo, tokenize=True, add_generation_prompt=True)) == ours  # BatchEncoding
+    assert ChatRenderer(hf, MEDIA_TOKENS).eos_text == "<|im_end|>"
