@@ -76,3 +76,26 @@ def test_metrics_exposition(client, server):
         assert name in text, name
     line = next(ln for ln in text.splitlines() if ln.startswith("mm_infer_generation_tokens_total"))
     assert int(line.split()[-1]) >= 2
+
+
+def test_media_defaults_come_from_the_checkpoint(server, photo_url):
+    import json
+
+    from conftest import CKPT
+
+    from mm_infer.media import smart_resize
+
+    cfg = json.loads((CKPT / "preprocessor_config.json").read_text())
+    h, w = smart_resize(400, 600, 28, cfg["min_pixels"], cfg["max_pixels"])  # photo.png is 600x400
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": photo_url}}]}]}
+    r = httpx.post(f"{server.base_url}/tokenize", json=body, headers=AUTH).json()
+    assert r["placeholders"][0]["length"] == (h // 14) * (w // 14) // 4
+
+
+def test_logprobs_mode_processed_differs_from_raw(client):
+    kw = {"model": "m", "prompt": "abc", "max_tokens": 3, "temperature": 0.5, "seed": 3}
+    raw = client.completions.create(**kw, logprobs=0, extra_body={"logprobs_mode": "raw_logprobs"})
+    processed = client.completions.create(**kw, logprobs=0, extra_body={"logprobs_mode": "processed_logprobs"})
+    assert raw.choices[0].text == processed.choices[0].text  # same seed, same tokens
+    a, b = raw.choices[0].logprobs.token_logprobs, processed.choices[0].logprobs.token_logprobs
+    assert all(x < 0 for x in a) and any(abs(x - y) > 1e-3 for x, y in zip(a, b, strict=True))
