@@ -74,11 +74,17 @@ def patchify(frames: torch.Tensor | Sequence[torch.Tensor], **kwargs) -> torch.T
 
 
 def patch_embed_packed(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
-                       norm: Normalize = CLIP, geometry: PatchGeometry = QWEN2_VL,
-                       layout: Layout = "thwc") -> torch.Tensor:
-    """Packed uint8 items + Conv3d weight [D, 3, tp, p, p] -> patch embeddings [sum(t*h*w), D], weight dtype."""
-    triton_ok = select_backend(buffer, weight) == "triton"
-    fn = _pe.patch_embed_packed_triton if triton_ok else _pe.patch_embed_packed_reference
+                       norm: Normalize = CLIP, geometry: PatchGeometry = QWEN2_VL, layout: Layout = "thwc",
+                       fused: bool = True) -> torch.Tensor:
+    """Packed uint8 items + Conv3d weight [D, 3, tp, p, p] -> patch embeddings [sum(t*h*w), D], weight dtype.
+
+    fused=True: one Triton gather-matmul (rows never written). fused=False: Triton patchify + torch matmul,
+    bit-equal to the torch backend. Which is faster depends on the GPU: scripts/bench_kernels.py times both.
+    """
+    if select_backend(buffer, weight) == "torch":
+        fn = _pe.patch_embed_packed_reference
+    else:
+        fn = _pe.patch_embed_packed_triton if fused else _pe.patch_embed_two_pass_triton
     return fn(buffer, offsets, thw, weight, norm=norm, geometry=geometry, layout=layout)
 
 

@@ -16,14 +16,13 @@ from kernels._frames import (
     check_packed,
     gather_normalized,
     item_meta,
-    item_view,
     rescale_tensor,
     row_coords,
     single_item,
 )
 from kernels._items import row_blocks
 from kernels._triton import cast_out, interpreting, round_to_bf16_rne, tl, triton
-from kernels.fused_patchify import patchify_reference
+from kernels.fused_patchify import patchify_packed_reference, patchify_packed_triton, patchify_reference
 
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK_M = 64  # rows per tile; fixed because the host row-block table is built with it
@@ -50,12 +49,13 @@ def patch_embed_reference(frames: torch.Tensor, weight: torch.Tensor, *, norm: N
 
 
 def patch_embed_packed_reference(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
-                                 layout: Layout = "thwc", geometry: PatchGeometry = QWEN2_VL,
-                                 **kwargs) -> torch.Tensor:
-    """Reference for a packed batch: items' embeddings concatenated in order, [sum(t*h*w), D]."""
-    offs, sizes = check_packed(buffer, offsets, thw, geometry, layout)
-    return torch.cat([patch_embed_reference(item_view(buffer, o, s, layout), weight, geometry=geometry, **kwargs)
-                      for o, s in zip(offs, sizes, strict=True)])
+                                 norm: Normalize = CLIP, geometry: PatchGeometry = QWEN2_VL,
+                                 layout: Layout = "thwc") -> torch.Tensor:
+    """Reference for a packed batch: all items' rows (reference patchify), then one rows @ W.T -> [R, D]."""
+    w = weight_matrix(weight, geometry)  # [D, width]
+    rows = patchify_packed_reference(buffer, offsets, thw, out_dtype=w.dtype, norm=norm, geometry=geometry,
+                                     layout=layout)  # [R, width]
+    return rows @ w.T  # [R, D]
 
 
 @triton.jit
@@ -123,3 +123,13 @@ def patch_embed_triton(frames: torch.Tensor, weight: torch.Tensor, **kwargs) -> 
     """Triton patch embedding of one item [T, H, W, 3] uint8 (contiguous, or [T, 3, H, W] permuted)."""
     buffer, offsets, thw, layout = single_item(frames)
     return patch_embed_packed_triton(buffer, offsets, thw, weight, layout=layout, **kwargs)
+
+
+def patch_embed_two_pass_triton(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weight: torch.Tensor, *,
+                                norm: Normalize = CLIP, geometry: PatchGeometry = QWEN2_VL,
+                                layout: Layout = "thwc") -> torch.Tensor:
+    """Triton patchify to weight-dtype rows, then torch's matmul: bit-equal to the reference, rows materialised."""
+    w = weight_matrix(weight, geometry)  # [D, width]
+    rows = patchify_packed_triton(buffer, offsets, thw, out_dtype=w.dtype, norm=norm, geometry=geometry,
+                                  layout=layout)  # [R, width]
+    return rows @ w.T  # [R, D]

@@ -89,6 +89,7 @@ def bench_patch_embed(peak: float | None) -> list[Result]:
         nbytes = buf.numel() + w.numel() * 2 + rows * d * 2
         res += measure("patch_embed", f"{case} D={d} bf16", {
             "triton": partial(pe.patch_embed_packed_triton, buf, offs, thw, w),
+            "2pass": partial(pe.patch_embed_two_pass_triton, buf, offs, thw, w),
             "torch": partial(pe.patch_embed_packed_reference, buf, offs, thw, w),
         }, nbytes, peak, flops=2 * rows * 1176 * d)
     return res
@@ -161,7 +162,8 @@ def report(results: list[Result]) -> float:
         pairs.setdefault((r.op, r.case), {})[r.impl] = r.ms
     ratios = [p["torch"] / p["triton"] for p in pairs.values() if "torch" in p and "triton" in p]
     for (op, case), p in pairs.items():
-        print(f"speedup {op:<12} {case:<44} torch/triton = {p['torch'] / p['triton']:.2f}x")
+        others = "".join(f", torch/{k} = {p['torch'] / v:.2f}x" for k, v in p.items() if k not in ("torch", "triton"))
+        print(f"speedup {op:<12} {case:<44} torch/triton = {p['torch'] / p['triton']:.2f}x{others}")
     return math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
 
 
@@ -184,7 +186,8 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"device": name, "peak_gbps": peak,
                                          "results": [asdict(r) for r in results]}, indent=1))
-    print(f"ratio torch/triton (geomean speedup over {len(results) // 2} cases): {geo:.2f}x")
+    cases = len({(r.op, r.case) for r in results})
+    print(f"ratio torch/triton (geomean speedup over {cases} cases): {geo:.2f}x")
     return 0
 
 

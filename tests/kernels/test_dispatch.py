@@ -82,6 +82,8 @@ def test_backends_agree(monkeypatch: pytest.MonkeyPatch, device: torch.device) -
     w = torch.randn(24, 3, 2, 14, 14, device=device) * 0.02
     a, b = both(monkeypatch, dispatch.patch_embed_packed, buf, offs, thw, w)
     assert max_diff(a, b) <= TOLERANCE["patch_embed_fp32"] * b.abs().max().item()
+    a, b = both(monkeypatch, dispatch.patch_embed_packed, buf, offs, thw, w, fused=False)
+    assert torch.equal(a, b)
     grid = dispatch.grid_thw(thw)
     q, k = torch.randn(2, 20, 2, 16, device=device)
     (qa, ka), (qb, kb) = both(monkeypatch, dispatch.vision_rope_from_grid, q, k, grid)
