@@ -19,6 +19,7 @@ from kernels.fused_patch_embed import (
 # differs (fp32 accumulation in the kernel; cuBLAS on CUDA may reduce in lower precision), plus the output
 # rounding in the weight dtype: about 2.5 bf16 ulps and 4 fp16 ulps at the largest output.
 TOLERANCE = {torch.float32: 5e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+HF_CONV3D_TOLERANCE = 2e-5  # fp32, vs HF's PatchEmbed (Conv3d; cuDNN picks its own algorithm on GPU)
 DTYPES = list(TOLERANCE)
 EMBED_DIMS = [16, 40, 72]  # 40, 72: not multiples of the N block
 
@@ -28,10 +29,10 @@ def weight(d: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> t
     return (torch.randn(d, 3, 2, 14, 14, generator=g) * 0.02).to(dtype).to(device)  # Conv3d layout
 
 
-def assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float | None = None) -> None:
     assert out.shape == ref.shape and out.dtype == ref.dtype
     rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
-    assert rel <= TOLERANCE[out.dtype], f"{out.dtype}: relative max diff {rel}"
+    assert rel <= (TOLERANCE[out.dtype] if tol is None else tol), f"{out.dtype}: relative max diff {rel}"
 
 
 @pytest.mark.parametrize("thw", FRAME_CASES[:4])
@@ -74,7 +75,7 @@ def test_matches_hf_patch_embed(device: torch.device) -> None:
     conv = hf.PatchEmbed(patch_size=14, temporal_patch_size=2, in_channels=3, embed_dim=24).to(device)
     with torch.no_grad():
         ref = conv(patchify_reference(frames))  # HF: rows -> Conv3d
-    assert_close(patch_embed_triton(frames, conv.proj.weight.detach()), ref)
+    assert_close(patch_embed_triton(frames, conv.proj.weight.detach()), ref, HF_CONV3D_TOLERANCE)
 
 
 def test_accepts_2d_weight(device: torch.device) -> None:
