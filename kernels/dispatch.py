@@ -47,6 +47,9 @@ def select_backend(*tensors: torch.Tensor) -> Backend:
 
 def pack_frames(frames: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int], list[list[int]]]:
     """Items [T, H, W, 3] uint8 -> (flat uint8 buffer [sum T*H*W*3], element offsets, (T, H, W) per item)."""
+    assert len(frames) > 0, "no items to pack"
+    for f in frames:
+        assert f.dtype == torch.uint8 and f.ndim == 4 and f.shape[3] == 3, "items must be uint8 [T, H, W, 3]"
     thw = [list(f.shape[:3]) for f in frames]
     offsets = exclusive_cumsum([f.numel() for f in frames])
     return torch.cat([f.reshape(-1) for f in frames]), offsets, thw  # [N] uint8

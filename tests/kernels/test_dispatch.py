@@ -99,3 +99,10 @@ def test_torch_backend_checks_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(4, 2, 16)
     with pytest.raises(AssertionError, match="cos must be"):
         dispatch.vision_rope(q, q, torch.zeros(3, 16), torch.zeros(4, 16))
+
+
+def test_pack_frames_checks_items() -> None:
+    with pytest.raises(AssertionError, match="no items"):
+        dispatch.pack_frames([])
+    with pytest.raises(AssertionError, match="uint8"):
+        dispatch.pack_frames([torch.zeros(1, 28, 28, 3)])
