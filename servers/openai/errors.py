@@ -53,6 +53,6 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
         return ApiError(400, f"unrecognized request argument(s): {', '.join(unknown)}", param=unknown[0])
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}"
-                       for e in errors[:5])
+    detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'request body'}: "
+                       f"{e.get('msg')}" for e in errors[:5])
     return ApiError(400, f"invalid request: {detail}", param=loc or None)

@@ -82,28 +82,33 @@ class Generation:
             self.state.metrics.aborted += 1
         self.state.metrics.tokens(len(last.prompt_token_ids), sum(len(c.token_ids) for c in last.outputs))
 
-    async def final(self, disconnected: Disconnected | None = None, poll_s: float = 0.2) -> RequestOutput:
-        """The finished output; polls `disconnected` and aborts the request when the client is gone."""
-        async def drain() -> RequestOutput:
-            last = self.first
+    async def final(self, disconnected: Disconnected | None = None) -> RequestOutput:
+        """The finished output (starting the request if needed); aborts it when the client is gone."""
+        async def run() -> RequestOutput:
+            last = self.first or await self.start()
             async for out in self.stream():
                 last = out
-            assert last is not None
             return last
 
-        task = asyncio.ensure_future(drain())
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=poll_s)
-                if not task.done() and disconnected is not None and await disconnected():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                    raise ClientGone()
-            return check_not_aborted(task.result())
-        finally:
-            if not task.done():
+        return check_not_aborted(await watch(run(), disconnected))
+
+
+async def watch(coro: Awaitable[RequestOutput], disconnected: Disconnected | None,
+                poll_s: float = 0.2) -> RequestOutput:
+    """Await coro while polling `disconnected`; a vanished client cancels it (which aborts the engine request)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=poll_s)
+            if not task.done() and disconnected is not None and await disconnected():
                 task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise ClientGone()
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 class ClosingStreamingResponse(StreamingResponse):

@@ -12,7 +12,7 @@ from fastapi import Request
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.chat_prompt import build_chat_prompt
 from servers.openai.errors import error_body
-from servers.openai.generation import ClosingStreamingResponse, Generation
+from servers.openai.generation import ClosingStreamingResponse, Generation, watch
 from servers.openai.parsers import Parsed
 from servers.openai.protocol import ChatCompletionRequest
 from servers.openai.responses import (
@@ -145,8 +145,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gen = Generation(state, prompt, params, rid)
-    await gen.start()
     if req.stream:
+        await watch(gen.start(), request.is_disconnected)
         return ClosingStreamingResponse(_chunks(state, req, gen, rid, created), media_type="text/event-stream")
     out = await gen.final(request.is_disconnected)
     return chat_response(state, req, out, rid, created)

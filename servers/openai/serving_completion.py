@@ -12,7 +12,7 @@ from fastapi import Request
 
 from mm_infer.engine.outputs import RequestOutput
 from servers.openai.errors import ApiError, error_body
-from servers.openai.generation import ClosingStreamingResponse, Generation
+from servers.openai.generation import ClosingStreamingResponse, Generation, watch
 from servers.openai.protocol import CompletionRequest
 from servers.openai.responses import CompletionChoice, CompletionResponse, Usage
 from servers.openai.sampling import to_sampling_params
@@ -98,14 +98,16 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gens = [Generation(state, {"prompt_token_ids": ids}, params, f"{rid}-{i}") for i, ids in enumerate(prompts)]
-    try:
-        await asyncio.gather(*(g.start() for g in gens))
-    except BaseException:
-        await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
-        raise
     if req.stream:
+        await watch(gens[0].start(), request.is_disconnected)
         return ClosingStreamingResponse(_stream(state, req, gens[0], rid, created), media_type="text/event-stream")
-    outs = await asyncio.gather(*(g.final(request.is_disconnected) for g in gens))
+    tasks = [asyncio.ensure_future(g.final(request.is_disconnected)) for g in gens]
+    try:
+        outs = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:  # one bad prompt fails the batch: stop (and free) the others
+            task.cancel()
+        raise
     choices = [ch for i, out in enumerate(outs) for ch in _choices(state, req, out, i * req.n)]
     totals = [usage(o) for o in outs]
     prompt_tokens = sum(u.prompt_tokens for u in totals)

@@ -164,3 +164,19 @@ def test_engine_side_abort_is_never_a_completion(server):
     worker.join(timeout=30)
     assert_error(result["r"], 503, "aborted")
     _wait_idle(server)
+
+
+def test_bad_prompt_in_a_batch_fails_it_and_frees_the_rest(server):
+    _wait_idle(server)
+    body = {"prompt": [[5, 6, 7], [3006] * 3], "max_tokens": 200, "ignore_eos": True}  # stray image pads
+    assert_error(post(server, "/v1/completions", body), 400, "placeholder")
+    _wait_idle(server)
+
+
+def test_malformed_json_and_unknown_route(server):
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", content=b"{not json",
+                   headers={**AUTH, "Content-Type": "application/json"})
+    assert_error(r, 400, "json")
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", content=b"plain words", headers=AUTH)
+    assert_error(r, 400, "request body")
+    assert_error(httpx.get(f"{server.base_url}/v1/nothing", headers=AUTH), 404, "not found")
