@@ -181,7 +181,10 @@ def main() -> int:
     print(f"device: {name}, peak {peak or 'unknown'} GB/s")
     results = bench_patchify(peak) + bench_patch_embed(peak) + bench_rope(peak) + bench_patch_merge(peak)
     if args.encoder_depth > 0:
-        results += bench_encoder(peak, args.encoder_depth)
+        try:
+            results += bench_encoder(peak, args.encoder_depth)
+        except Exception as e:  # the tower belongs to mm_infer.models and may change under us
+            print(f"encoder: skipped ({type(e).__name__}: {e})")
     geo = report(results)
     if args.json:
         args.json.write_text(json.dumps({"device": name, "peak_gbps": peak,
