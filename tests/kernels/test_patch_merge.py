@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kernel_cases import frames_u8
 
 from kernels._frames import Normalize
@@ -65,3 +67,13 @@ def test_assertions(device: torch.device) -> None:
         patch_merge_triton(x.t(), [[2, 2, 2]])
     with pytest.raises(AssertionError, match=r"\[S, D\]"):
         patch_merge_triton(x.view(16, 2, 4), [[1, 4, 4]])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(grid=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=4),
+       width=st.integers(1, 300), inverse=st.booleans())
+def test_random_grids_match_reference(grid: list[tuple[int, int, int]], width: int, inverse: bool,
+                                      device: torch.device) -> None:
+    grid = [[t, 2 * h, 2 * w] for t, h, w in grid]
+    x = rows(grid, width, torch.float32, device)
+    assert torch.equal(patch_merge_triton(x, grid, inverse=inverse), patch_merge_reference(x, grid, inverse=inverse))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kernels.vision_rope import (
     vision_position_ids,
@@ -94,3 +96,15 @@ def test_assertions(device: torch.device) -> None:
     with pytest.raises(AssertionError, match="even"):
         odd = torch.randn(4, 2, 15, device=device)
         vision_rope_triton(odd, odd, cos[:, :15], sin[:, :15])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(grid=st.lists(st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3),
+       heads=st.integers(1, 5), quarter=st.integers(1, 12), dtype=st.sampled_from(DTYPES))
+def test_random_shapes_match_reference(grid: list[tuple[int, int, int]], heads: int, quarter: int,
+                                       dtype: torch.dtype, device: torch.device) -> None:
+    grid = [[t, 2 * h, 2 * w] for t, h, w in grid]
+    cos, sin = vision_rope_cos_sin(grid, 4 * quarter, device=device)
+    q, k = torch.randn(2, grid_tokens(grid), heads, 4 * quarter).to(dtype).to(device)
+    for o, r in zip(vision_rope_triton(q, k, cos, sin), vision_rope_reference(q, k, cos, sin), strict=True):
+        assert (o.float() - r.float()).abs().max().item() <= TOLERANCE[dtype]
