@@ -8,6 +8,11 @@ from torch import Tensor
 
 from mm_infer.models.layers import rotate_half
 
+try:  # Triton kernels on CUDA (kernels/ chooses per call; MM_INFER_KERNELS=triton|torch forces one)
+    from kernels import dispatch as _kernels
+except ImportError:  # no triton on this platform: the torch path below is the whole story
+    _kernels = None
+
 
 def patch_embed(pixel_values: Tensor, weight: Tensor) -> Tensor:
     """Conv3d with stride == kernel as a matmul: pixel_values [P, C*T*ph*pw] @ weight[D, C*T*ph*pw].T -> [P, D]."""
@@ -37,6 +42,8 @@ def vision_rope_cos_sin(position_ids: Tensor, inv_freq: Tensor) -> tuple[Tensor,
 
 def apply_vision_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """q, k [P, H, d]; cos, sin [P, d]. Rotation in float32, result in the input dtype."""
+    if _kernels is not None and _kernels.select_backend(q, k, cos, sin) == "triton":
+        return _kernels.vision_rope(q, k, cos, sin)  # fused Triton kernel, bit-equal to the lines below
     c, s = cos[:, None, :].float(), sin[:, None, :].float()
     q32, k32 = q.float(), k.float()
     q_out = q32 * c + rotate_half(q32) * s
