@@ -93,5 +93,5 @@ def build_app(state: ServerState) -> FastAPI:
         return PlainTextResponse(state.metrics.render(state.gauges()), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(ServerMiddleware, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes,
-                       metrics=state.metrics)
+                       metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes))
     return app

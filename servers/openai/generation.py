@@ -111,6 +111,36 @@ async def watch(coro: Awaitable[RequestOutput], disconnected: Disconnected | Non
             task.cancel()
 
 
+async def merge_streams(gens: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(index, snapshot) from several started generations as they arrive; closing it closes them all."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        try:
+            async for out in gen.stream():
+                await queue.put((i, out))
+            await queue.put((i, None))
+        except Exception as exc:
+            await queue.put((i, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                left -= 1
+                continue
+            yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
+
+
 class ClosingStreamingResponse(StreamingResponse):
     """SSE response that always closes its body iterator, so a vanished client aborts its request at once."""
 

@@ -25,8 +25,10 @@ async def _send_error(send: Send, status: int, message: str, headers: list[tuple
 class ServerMiddleware:
     """Runs before routing: auth, then the body cap (buffered and replayed), then timing."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
+                 known_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self.known_paths = known_paths  # metric labels: anything else counts as "other"
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
@@ -56,7 +58,7 @@ class ServerMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        path = scope["path"] if scope["path"] in self.known_paths else "other"
         if not self._authorized(scope):
             self.metrics.request_done(path, 401)
             await _send_error(send, 401, "missing or invalid API key (send Authorization: Bearer <key>)",

@@ -145,7 +145,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[int] | list[str | list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     add_special_tokens: bool = True
 

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.errors import ApiError, error_body
-from servers.openai.generation import ClosingStreamingResponse, Generation, watch
+from servers.openai.generation import ClosingStreamingResponse, Generation, merge_streams, watch
 from servers.openai.protocol import CompletionRequest
 from servers.openai.responses import CompletionChoice, CompletionResponse, Usage
 from servers.openai.sampling import to_sampling_params
@@ -52,55 +52,69 @@ def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, bas
         for c in out.outputs]
 
 
-async def _stream(state: ServerState, req: CompletionRequest, gen: Generation, rid: str,
+class _Sent:
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.text = ""
+
+
+def _delta(state: ServerState, req: CompletionRequest, c: CompletionOutput, sent: _Sent,
+           index: int) -> CompletionChoice:
+    text = c.text if c.finish_reason or not c.text.endswith("\ufffd") else c.text.rstrip("\ufffd")
+    delta = text[len(sent.text):] if text.startswith(sent.text) else ""
+    sent.text += delta
+    logprobs = None
+    if req.logprobs is not None:
+        logprobs = completion_logprobs(state, c, req.logprobs, req.return_tokens_as_token_ids, start=sent.tokens)
+    choice = CompletionChoice(index=index, text=delta, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                              logprobs=logprobs, token_ids=list(c.token_ids[sent.tokens:]) if req.return_token_ids
+                              else None)
+    sent.tokens = len(c.token_ids)
+    return choice
+
+
+async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str,
                   created: int) -> AsyncIterator[str]:
     name = state.config.model_name
-    sent_tokens = [0] * req.n
-    sent_text = [""] * req.n
-    last: RequestOutput | None = None
-    stream = gen.stream()
-    try:
-        async for out in stream:
-            last = out
-            if any(c.finish_reason == "abort" for c in out.outputs):
-                yield f"data: {json.dumps(error_body(503, 'the request was aborted', type='aborted'))}\n\n"
-                break
-            choices = []
-            for c in out.outputs:
-                if len(c.token_ids) == sent_tokens[c.index] and c.finish_reason is None:
-                    continue
-                text = c.text if c.finish_reason or not c.text.endswith("\ufffd") else c.text.rstrip("\ufffd")
-                delta = text[len(sent_text[c.index]):] if text.startswith(sent_text[c.index]) else ""
-                sent_text[c.index] += delta
-                fresh = c.token_ids[sent_tokens[c.index]:]
-                choice = CompletionChoice(index=c.index, text=delta, finish_reason=c.finish_reason,
-                                          stop_reason=c.stop_reason, token_ids=list(fresh) if req.return_token_ids
-                                          else None)
-                sent_tokens[c.index] = len(c.token_ids)
-                choices.append(choice)
-            if choices:
-                chunk = CompletionResponse(id=rid, created=created, model=name, choices=choices)
-                yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-    finally:
-        await stream.aclose()
-        await gen.aclose(last)
-    if last is not None and last.finished and req.stream_options is not None and req.stream_options.include_usage:
-        chunk = CompletionResponse(id=rid, created=created, model=name, choices=[], usage=usage(last))
+    sent = [_Sent() for _ in range(len(gens) * req.n)]
+    last: dict[int, RequestOutput] = {}
+    async for i, out in merge_streams(gens):
+        last[i] = out
+        if any(c.finish_reason == "abort" for c in out.outputs):
+            yield f"data: {json.dumps(error_body(503, 'the request was aborted', type='aborted'))}\n\n"
+            break
+        choices = [_delta(state, req, c, sent[i * req.n + c.index], i * req.n + c.index) for c in out.outputs
+                   if len(c.token_ids) > sent[i * req.n + c.index].tokens or c.finish_reason]
+        if choices:
+            chunk = CompletionResponse(id=rid, created=created, model=name, choices=choices)
+            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+    done = len(last) == len(gens) and all(o.finished for o in last.values())
+    if done and req.stream_options is not None and req.stream_options.include_usage:
+        totals = [usage(o) for o in last.values()]
+        chunk = CompletionResponse(id=rid, created=created, model=name, choices=[], usage=_sum(totals))
         yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
     yield "data: [DONE]\n\n"
+
+
+def _sum(totals: list[Usage]) -> Usage:
+    prompt = sum(u.prompt_tokens for u in totals)
+    generated = sum(u.completion_tokens for u in totals)
+    return Usage(prompt_tokens=prompt, completion_tokens=generated, total_tokens=prompt + generated)
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
     params = to_sampling_params(req, state.vocab_size)
     prompts = prompt_ids(state, req)
-    if req.stream and len(prompts) != 1:
-        raise ApiError(400, "streaming takes one prompt per request", param="stream")
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gens = [Generation(state, {"prompt_token_ids": ids}, params, f"{rid}-{i}") for i, ids in enumerate(prompts)]
     if req.stream:
-        await watch(gens[0].start(), request.is_disconnected)
-        return ClosingStreamingResponse(_stream(state, req, gens[0], rid, created), media_type="text/event-stream")
+        try:
+            await watch(asyncio.gather(*(g.start() for g in gens)), request.is_disconnected)
+        except BaseException:
+            await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
+            raise
+        return ClosingStreamingResponse(_stream(state, req, gens, rid, created), media_type="text/event-stream")
     tasks = [asyncio.ensure_future(g.final(request.is_disconnected)) for g in gens]
     try:
         outs = await asyncio.gather(*tasks)
@@ -109,9 +123,5 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
             task.cancel()
         raise
     choices = [ch for i, out in enumerate(outs) for ch in _choices(state, req, out, i * req.n)]
-    totals = [usage(o) for o in outs]
-    prompt_tokens = sum(u.prompt_tokens for u in totals)
-    completion_tokens = sum(u.completion_tokens for u in totals)
     return CompletionResponse(id=rid, created=created, model=state.config.model_name, choices=choices,
-                              usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                          total_tokens=prompt_tokens + completion_tokens))
+                              usage=_sum([usage(o) for o in outs]))

@@ -26,9 +26,10 @@ def chat_logprobs(state: ServerState, comp: CompletionOutput, start: int, k: int
     return out
 
 
-def completion_logprobs(state: ServerState, comp: CompletionOutput, k: int, as_ids: bool) -> CompletionLogprobs:
-    """Legacy text-completion logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens = [state.token_str(t, as_ids) for t in comp.token_ids]
+def completion_logprobs(state: ServerState, comp: CompletionOutput, k: int, as_ids: bool,
+                        start: int = 0) -> CompletionLogprobs:
+    """Legacy text-completion logprobs for tokens [start:]: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens = [state.token_str(t, as_ids) for t in comp.token_ids[start:]]
     offsets, at = [], 0
     for token in tokens:
         offsets.append(at)
@@ -36,8 +37,8 @@ def completion_logprobs(state: ServerState, comp: CompletionOutput, k: int, as_i
     tops = None
     if k:
         tops = [dict(_top(state, comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None,
-                          k, as_ids)) for i in range(len(tokens))]
-    return CompletionLogprobs(tokens=tokens, token_logprobs=list(comp.logprobs), top_logprobs=tops,
+                          k, as_ids)) for i in range(start, len(comp.token_ids))]
+    return CompletionLogprobs(tokens=tokens, token_logprobs=list(comp.logprobs[start:]), top_logprobs=tops,
                               text_offset=offsets)
 
 

@@ -50,9 +50,15 @@ def test_completions_text_and_token_ids_match_llm(client, llm):
 
 
 def test_completions_stream(client):
-    whole = client.completions.create(model="m", prompt="abc", max_tokens=4, temperature=0)
-    parts = list(client.completions.create(model="m", prompt="abc", max_tokens=4, temperature=0, stream=True))
-    assert "".join(p.choices[0].text for p in parts if p.choices) == whole.choices[0].text
+    kw = {"model": "m", "prompt": ["abc", [5, 6, 7]], "max_tokens": 4, "temperature": 0, "n": 2, "logprobs": 1}
+    whole = client.completions.create(**kw)
+    parts = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    for choice in whole.choices:
+        pieces = [c for p in parts for c in p.choices if c.index == choice.index]
+        assert "".join(c.text for c in pieces) == choice.text
+        assert [t for c in pieces for t in c.logprobs.token_logprobs] == choice.logprobs.token_logprobs
+        assert pieces[-1].finish_reason == choice.finish_reason
+    assert parts[-1].usage.completion_tokens == whole.usage.completion_tokens == 16
 
 
 def test_stop_token_ids_and_stop_strings(client):
@@ -74,6 +80,9 @@ def test_metrics_exposition(client, server):
                  "mm_infer_time_to_first_token_seconds_count",
                  "mm_infer_encoder_cache_hits", "mm_infer_prefix_cache_hit_tokens"):
         assert name in text, name
+    assert httpx.get(f"{server.base_url}/no/such/path/{id(text)}", headers=AUTH).status_code == 404
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert "/no/such/path" not in text and 'endpoint="other",status="404"' in text
     line = next(ln for ln in text.splitlines() if ln.startswith("mm_infer_generation_tokens_total"))
     assert int(line.split()[-1]) >= 2
 
