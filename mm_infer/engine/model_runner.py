@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mm_infer.engine.encoder_cache import EncoderCache
-from mm_infer.engine.paged_attention import KVCache, PagedAttentionContext, SeqSpan
+from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext, SeqSpan
 from mm_infer.engine.request import MediaItem, VLMRequest
 from mm_infer.engine.scheduler import ScheduledChunk
 from mm_infer.models.qwen2_vl import QwenVLModel
@@ -73,27 +73,68 @@ class ModelRunner:
             parts.append(decode_positions(lo, end - lo, req.mrope_delta))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
+    def _table_slots(self, chunks: list[ScheduledChunk], width: int | None = None) -> Tensor:
+        """[len(chunks), blocks * block_size] slots of each chunk's first blocks (width tokens, or its context)."""
+        bs = self.block_size
+        nblk = -(-(width or max(c.end for c in chunks)) // bs)
+        tables = [c.seq.block_table[:nblk] + [0] * (nblk - min(len(c.seq.block_table), nblk)) for c in chunks]
+        blocks = torch.tensor(tables, dtype=torch.long)  # [C, nblk]
+        return (blocks[:, :, None] * bs + torch.arange(bs)).reshape(len(chunks), -1)
+
+    def _decode_groups(self, chunks: list[ScheduledChunk], rows: list[int]) -> list[DecodeGroup]:
+        buckets: dict[int, list[int]] = {}
+        for i, c in enumerate(chunks):
+            buckets.setdefault(DecodeGroup.bucket(c.end, self.block_size), []).append(i)
+        groups = []
+        for lpad, members in buckets.items():
+            picked = [chunks[i] for i in members]
+            slots = self._table_slots(picked, lpad)  # [G, Lpad]
+            pad = torch.arange(lpad)[None, :] >= torch.tensor([c.end for c in picked])[:, None]  # [G, Lpad]
+            groups.append(DecodeGroup(torch.tensor([rows[i] for i in members], device=self.device),
+                                      slots.masked_fill(pad, 0).reshape(-1).to(self.device), pad.to(self.device)))
+        return groups
+
+    def _chunk_slots(self, chunks: list[ScheduledChunk]) -> tuple[Tensor, list[int]]:
+        """Context slots of multi-token chunks back to back ([sum ctx], long) and each one's offset."""
+        if not chunks:
+            return torch.empty(0, dtype=torch.long), []
+        slots = self._table_slots(chunks)  # [C, W]
+        ctx = torch.tensor([c.end for c in chunks])
+        keep = torch.arange(slots.shape[1])[None, :] < ctx[:, None]  # [C, W]
+        return slots[keep], (torch.cumsum(ctx, 0) - ctx).tolist()
+
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> StepOutput:
+        single = [c.num_tokens == 1 for c in chunks]
+        ctx_slots, ctx_offsets = self._chunk_slots([c for c, one in zip(chunks, single, strict=True) if not one])
+        offsets = iter(ctx_offsets)
         ids: list[int] = []
-        positions: list[Tensor] = []
-        slot_maps: list[Tensor] = []
+        single_slots: list[int] = []
         spans: list[SeqSpan] = []
+        single_rows: list[int] = []
+        prefill: list[tuple[int, Tensor]] = []  # (first row, positions [3, n]) of chunks inside the prompt
+        decode_rows: list[int] = []
+        decode_pos: list[int] = []
         media_rows: list[Tensor] = []
         media_embs: list[Tensor] = []
         sample_rows: list[int] = []
         score_rows: list[int] = []  # rows whose logits score the next prompt token
         prompt_rows: list[tuple[ScheduledChunk, int, int]] = []  # chunk, first target index, rows
         bs = self.block_size
-        for chunk in chunks:
+        for chunk, one in zip(chunks, single, strict=True):
             seq, base = chunk.seq, len(ids)
             req: VLMRequest = seq.group.payload
             ids.extend(seq.token_ids[chunk.start:chunk.end])
-            positions.append(self._positions(req, chunk.start, chunk.end))
-            table = torch.tensor(seq.block_table, dtype=torch.long)
-            ctx_slots = (table[:, None] * bs + torch.arange(bs)).reshape(-1)[:chunk.end]  # [ctx]
-            slot_maps.append(ctx_slots[chunk.start:])
-            spans.append(SeqSpan(base, chunk.num_tokens, ctx_slots))
+            if one:
+                single_rows.append(base)
+                single_slots.append(seq.block_table[chunk.start // bs] * bs + chunk.start % bs)
+            else:
+                spans.append(SeqSpan(base, chunk.num_tokens, next(offsets), chunk.end))
+            if chunk.num_tokens == 1 and chunk.start >= seq.num_prompt_tokens:
+                decode_rows.append(base)
+                decode_pos.append(chunk.start + req.mrope_delta)
+            else:
+                prefill.append((base, self._positions(req, chunk.start, chunk.end)))
             for r in seq.items_in(chunk.start, chunk.end):
                 lo, hi = max(chunk.start, r.offset), min(chunk.end, r.end)
                 media_rows.append(torch.arange(base + lo - chunk.start, base + hi - chunk.start))
@@ -106,15 +147,23 @@ class ModelRunner:
                 if last > first:
                     prompt_rows.append((chunk, first + 1, last - first))
                     score_rows.extend(range(base + first - chunk.start, base + last - chunk.start))
-        n = len(ids)
-        input_ids = _pad_rows(torch.tensor(ids, dtype=torch.long), MIN_ROWS).to(self.device)  # [Np]
-        embeds = self.model.embed_tokens(input_ids)  # [Np, D]
+        slot_mapping = torch.empty(len(ids), dtype=torch.long)  # [N] cache slot of each token
+        slot_mapping[single_rows] = torch.tensor(single_slots, dtype=torch.long)
+        for sp in spans:
+            slot_mapping[sp.q_start:sp.q_start + sp.q_len] = ctx_slots[sp.ctx_start + sp.ctx_len - sp.q_len:
+                                                                       sp.ctx_start + sp.ctx_len]
+        input_ids = _pad_rows(torch.tensor(ids, dtype=torch.long), MIN_ROWS)  # [Np]
+        pos = torch.zeros(3, input_ids.shape[0], dtype=torch.long)  # [3, Np], padding rows at 0
+        for row, p in prefill:
+            pos[:, row:row + p.shape[1]] = p
+        if decode_rows:
+            pos[:, decode_rows] = torch.tensor(decode_pos, dtype=torch.long)  # text positions: same on t, h, w
+        embeds = self.model.embed_tokens(input_ids.to(self.device))  # [Np, D]
         if media_rows:
             embeds.index_copy_(0, torch.cat(media_rows).to(self.device), torch.cat(media_embs).to(embeds.dtype))
-        pos = torch.cat(positions, dim=1)  # [3, N]
-        pos = torch.cat([pos, pos.new_zeros(3, input_ids.shape[0] - n)], dim=1)  # [3, Np]
-        ctx = PagedAttentionContext(self.kv, torch.cat(slot_maps).to(self.device),
-                                    [SeqSpan(s.q_start, s.q_len, s.ctx_slots.to(self.device)) for s in spans])
+        groups = self._decode_groups([c for c, one in zip(chunks, single, strict=True) if one], single_rows)
+        ctx = PagedAttentionContext(self.kv, slot_mapping.to(self.device),
+                                    ctx_slots.to(self.device), spans, groups)
         hidden = self.model.forward_hidden(embeds, pos.to(self.device), ctx)  # [Np, D]
         rows = torch.tensor(sample_rows + score_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(_pad_rows(hidden[rows], MIN_ROWS))[:rows.shape[0]]  # [R, V] float32

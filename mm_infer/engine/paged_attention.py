@@ -9,10 +9,14 @@ from torch import Tensor
 
 from mm_infer.models.attention import causal_attention
 
+# Decode keys are padded to a multiple of this (rounded up to whole blocks): the padded length is a function of
+# the sequence alone, so grouping sequences of one bucket into one bmm cannot change any sequence's numbers.
+DECODE_BUCKET = 64
+
 
 @dataclass
 class KVCache:
-    """Per-layer key/value slots: [layers, num_blocks * block_size, Hkv, d]."""
+    """Per-layer key/value slots, head-major so that a gather yields [Hkv, ctx, d]: [layers, Hkv, slots, d]."""
 
     k: Tensor
     v: Tensor
@@ -21,41 +25,82 @@ class KVCache:
     @staticmethod
     def allocate(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> KVCache:
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
         return KVCache(torch.zeros(shape, dtype=dtype, device=device),
                        torch.zeros(shape, dtype=dtype, device=device), block_size)
 
 
 @dataclass
 class SeqSpan:
-    """One sequence's queries in the flat batch and the cache slots of its whole context."""
+    """One sequence: its queries [q_start, q_start+q_len) in the flat batch, its context in the gathered keys."""
 
     q_start: int
     q_len: int
-    ctx_slots: Tensor  # [ctx_len] long, the last q_len of which are this step's tokens
+    ctx_start: int
+    ctx_len: int  # the last q_len context positions are this step's tokens
+
+
+@dataclass
+class DecodeGroup:
+    """Single-query sequences whose contexts pad to the same length: one gather and two bmm's per layer."""
+
+    rows: Tensor  # [G] long, their rows in the flat batch
+    slots: Tensor  # [G * Lpad] long, context slots padded with slot 0
+    pad: Tensor  # [G, Lpad] bool, True on padding
+
+    @staticmethod
+    def bucket(ctx_len: int, block_size: int) -> int:
+        unit = -(-DECODE_BUCKET // block_size) * block_size
+        return -(-ctx_len // unit) * unit
+
+
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor) -> Tensor:
+    """q [G, Hq, d], keys/values [G, Hkv, Lpad, d], pad [G, Lpad] -> [G, Hq, d].
+
+    bmm is batch-count invariant and softmax is row-invariant on CPU, so each row depends only on its
+    own sequence and its padded length (masked keys add exact zeros).
+    """
+    g, hq, d = q.shape
+    hkv, lpad = keys.shape[1], keys.shape[2]
+    qh = (q * d**-0.5).reshape(g * hkv, hq // hkv, d)  # [G*Hkv, R, d]
+    scores = torch.bmm(qh, keys.reshape(g * hkv, lpad, d).transpose(1, 2))  # [G*Hkv, R, Lpad]
+    scores = scores.view(g, hkv, -1, lpad).masked_fill(pad[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.view(g * hkv, -1, lpad), dim=-1)
+    return torch.bmm(probs, values.reshape(g * hkv, lpad, d)).view(g, hq, d)
 
 
 class PagedAttentionContext:
-    """Writes this step's K/V to their slots (all sequences first), then runs causal attention per sequence.
+    """Writes this step's K/V to their slots (all sequences first), then attends: single-query sequences in
+    length buckets, longer chunks one sequence at a time with causal SDPA.
 
-    Writing first lets a sequence read prefix blocks that another sequence fills in the same step. Rows
-    past the real tokens (padding for row-invariant matmuls) get zeros and write nothing.
+    Rows past the real tokens (padding for row-invariant matmuls) get zeros and write nothing.
     """
 
-    def __init__(self, cache: KVCache, slot_mapping: Tensor, spans: list[SeqSpan]) -> None:
+    def __init__(self, cache: KVCache, slot_mapping: Tensor, ctx_slots: Tensor, spans: list[SeqSpan],
+                 groups: list[DecodeGroup]) -> None:
         self.cache = cache
         self.slot_mapping = slot_mapping  # [N_real] long
+        self.ctx_slots = ctx_slots  # [sum ctx_len] long, the chunked sequences' context slots back to back
         self.spans = spans
+        self.groups = groups
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         n = self.slot_mapping.shape[0]
-        k_layer, v_layer = self.cache.k[layer_idx], self.cache.v[layer_idx]  # [S, Hkv, d]
-        k_layer.index_copy_(0, self.slot_mapping, k[:n])
-        v_layer.index_copy_(0, self.slot_mapping, v[:n])
+        k_layer, v_layer = self.cache.k[layer_idx], self.cache.v[layer_idx]  # [Hkv, S, d]
+        k_layer.index_copy_(1, self.slot_mapping, k[:n].transpose(0, 1))
+        v_layer.index_copy_(1, self.slot_mapping, v[:n].transpose(0, 1))
         out = torch.zeros_like(q)  # [N, Hq, d]
-        for span in self.spans:
-            ks = k_layer.index_select(0, span.ctx_slots)  # [ctx, Hkv, d]
-            vs = v_layer.index_select(0, span.ctx_slots)
-            out[span.q_start:span.q_start + span.q_len] = causal_attention(
-                q[span.q_start:span.q_start + span.q_len], ks, vs)
+        hkv, d = k_layer.shape[0], k_layer.shape[2]
+        for grp in self.groups:
+            g = grp.rows.shape[0]
+            keys = k_layer.index_select(1, grp.slots).view(hkv, g, -1, d).transpose(0, 1)  # [G, Hkv, Lpad, d]
+            values = v_layer.index_select(1, grp.slots).view(hkv, g, -1, d).transpose(0, 1)
+            out[grp.rows] = decode_attention(q[grp.rows], keys, values, grp.pad)
+        if self.spans:
+            keys = k_layer.index_select(1, self.ctx_slots).transpose(0, 1)  # [T, Hkv, d]
+            values = v_layer.index_select(1, self.ctx_slots).transpose(0, 1)
+            for s in self.spans:
+                ctx = slice(s.ctx_start, s.ctx_start + s.ctx_len)
+                out[s.q_start:s.q_start + s.q_len] = causal_attention(q[s.q_start:s.q_start + s.q_len], keys[ctx],
+                                                                      values[ctx])
         return out
