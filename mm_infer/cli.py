@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -73,7 +74,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("model", help="checkpoint folder in Hugging Face format")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--api-key", default=None, help="require Authorization: Bearer <key>")
+    srv.add_argument("--api-key", default=os.environ.get("MM_INFER_API_KEY"),
+                     help="require Authorization: Bearer <key> (default: $MM_INFER_API_KEY)")
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--allowed-media-path", action="append", default=[], help="folder file:// URLs may read")
     srv.add_argument("--allow-private-media-urls", action="store_true", help="allow http(s) to private addresses")

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from mm_infer.prompt import replace_prefix_tokens
+from servers.openai.errors import ApiError
 from servers.openai.messages import parse_messages
 from servers.openai.protocol import ChatMessage, Tool
 from servers.openai.state import ServerState
@@ -27,6 +28,8 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                      continue_final_message=continue_final_message, **kwargs)
         if chat.carried is None:
             return ids
+        if bad := [t for t in chat.carried.token_ids if not 0 <= t < state.vocab_size]:
+            raise ApiError(400, f"carried token ids outside the vocabulary: {bad[:5]}", param="messages")
         prefix = render(chat.messages[:chat.carried.message_index + 1], add_generation_prompt=False, **kwargs)
         return replace_prefix_tokens(state.tokenizer, chat.carried.token_ids, prefix, ids)
 

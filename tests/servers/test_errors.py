@@ -114,6 +114,8 @@ def test_impossible_splice_is_400(server):
                 {"role": "assistant", "content": "b", "prompt_token_ids": [1, 2, 3], "generation_token_ids": [4]},
                 {"role": "user", "content": "c"}]
     assert_error(post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}), 400, "splice")
+    messages[1]["generation_token_ids"] = [10**6]
+    assert_error(post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}), 400, "vocabulary")
 
 
 def _wait_idle(server, timeout_s: float = 20.0) -> None:
