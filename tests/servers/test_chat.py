@@ -152,3 +152,33 @@ def test_tools_and_tool_history_are_accepted(client):
         r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, tool_choice=choice,
                                            max_tokens=2, temperature=0.0)
         assert r.choices[0].finish_reason in ("stop", "length") and r.usage.prompt_tokens > 10
+
+
+def test_concurrent_requests_do_not_mix(server, llm):
+    import asyncio
+
+    import openai
+    from conftest import API_KEY
+
+    images = ["photo.png", "gray.png", "rgba.png", "la.png", "photo_q90.jpg", "cmyk.jpg"]
+    mime = {".png": "image/png", ".jpg": "image/jpeg"}
+
+    async def run() -> list:
+        client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+        calls = [client.chat.completions.create(
+            model=MODEL, max_tokens=5, temperature=0.0, messages=[{"role": "user", "content": [
+                image_part(data_url(MEDIA / "images" / name, mime[name[-4:]])), {"type": "text", "text": name}]}],
+            extra_body={"return_token_ids": True, "mm_processor_kwargs": {"max_pixels": SMALL}}) for name in images]
+        try:
+            return await asyncio.gather(*calls)
+        finally:
+            await client.close()
+
+    results = asyncio.run(run())
+    refs = llm.generate([{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": n}]}],
+                          "multi_modal_data": {"image": [MEDIA / "images" / n]},
+                          "mm_processor_kwargs": {"max_pixels": SMALL}} for n in images],
+                        SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)
+    for r, ref in zip(results, refs, strict=True):
+        assert r.model_extra["prompt_token_ids"] == ref.prompt_token_ids
+        assert r.choices[0].model_extra["token_ids"] == ref.outputs[0].token_ids

@@ -115,3 +115,27 @@ def test_file_urls_only_under_roots(tmp_path):
                                              ("2606:4700:4700::1111", True)])
 def test_public_address_rule(address, public):
     assert is_public_address(address) is public
+
+
+def test_live_server_fetches_http_media_when_allowed(http_url, photo_url):
+    import openai
+    from conftest import CKPT, SMALL
+
+    from servers.openai.config import ServerConfig
+    from servers.openai.launch import BackgroundServer, free_port
+
+    config = ServerConfig(model_dir=str(CKPT), port=free_port(), fetch=FetchConfig(allow_private_urls=True),
+                          engine_options={"num_kv_blocks": 64, "max_model_len": 512})
+    with BackgroundServer(config) as srv:
+        client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="none", max_retries=0)
+        ids = []
+        for url in (f"{http_url}/photo.png", photo_url):
+            r = client.chat.completions.create(
+                model="m", max_tokens=3, temperature=0.0,
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                extra_body={"return_token_ids": True, "mm_processor_kwargs": {"max_pixels": SMALL}})
+            ids.append((r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]))
+        assert ids[0] == ids[1]
+        with pytest.raises(openai.BadRequestError, match="redirect"):
+            client.chat.completions.create(model="m", max_tokens=1, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": f"{http_url}/redirect"}}]}])
