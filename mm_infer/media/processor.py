@@ -161,7 +161,7 @@ def process_video(item: MediaInput, opts: VideoOptions,
             raise MediaTooLargeError(f"{encoded.origin}: {len(indices)} sampled frames, over the limit of "
                                      f"{limits.max_sampled_frames}")
         decoder = choose_decoder(opts.decoder, info)
-        frames = decode_frames(encoded, indices, decoder, fallback=opts.decoder == "auto")
+        frames = decode_frames(encoded, indices, decoder)
         sample_fps = len(indices) / info.total_frames * info.fps
         meta = VideoMetadata(info.total_frames, info.fps, indices, sample_fps, tp / sample_fps, decoder)
         digest = encoded.digest

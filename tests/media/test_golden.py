@@ -10,7 +10,7 @@ from media_paths import GOLDEN_IMAGE_KW, GOLDEN_INDEX, GOLDEN_VIDEO_KW, IMAGES, 
 
 from mm_infer.media import preprocess_images, preprocess_videos
 from mm_infer.media.sources import read_encoded
-from mm_infer.media.video import decode_frames, probe
+from mm_infer.media.video import choose_decoder, decode_frames, probe
 
 IMAGE_CASES = [(name, be) for name in sorted(GOLDEN_INDEX["images"]) for be in ("torchvision", "pil")]
 VIDEO_NAMES = sorted(GOLDEN_INDEX["videos"])
@@ -40,13 +40,14 @@ def test_image_matches_reference_bit_for_bit(name: str, backend: str) -> None:
     _compare_full_array(ref["file"], "pixel_values", ours)
 
 
-@pytest.mark.parametrize("decoder", ["auto", "pyav"])
+@pytest.mark.parametrize("decoder", ["auto", "pyav", "decord"])
 @pytest.mark.parametrize("name", VIDEO_NAMES)
 def test_video_matches_reference_bit_for_bit(name: str, decoder: str) -> None:
     ref = GOLDEN_INDEX["videos"][name]
     packed, (meta,) = preprocess_videos([VIDEOS / name], decoder=decoder, **GOLDEN_VIDEO_KW)
     ours = packed.pixel_values.numpy()
     assert meta.frame_indices == ref["frame_indices"]
+    assert meta.decoder == ("pyav" if decoder == "auto" else meta.decoder)  # auto never picks decord
     assert meta.total_num_frames == ref["total_frames"]
     assert meta.fps == pytest.approx(ref["avg_fps"])
     assert packed.imgs_sizes.tolist() == [ref["grid_thw"]]
@@ -64,7 +65,8 @@ def test_decoded_frames_match_reference_hashes(name: str, decoder: str) -> None:
     got = [hashlib.sha256(f.tobytes()).hexdigest() for f in frames]
     if decoder == "decord" and probe(encoded).codec == "mpeg4":
         # MPEG-4 Part 2 leaves the IDCT implementation-defined; decord's bundled FFmpeg lands some
-        # pixels one level away. `auto` therefore decodes this codec with PyAV (tested above).
+        # pixels one level away, so choose_decoder hands this codec to PyAV even when decord is asked.
+        assert choose_decoder("decord", probe(encoded)) == "pyav"
         reference = decode_frames(encoded, ref["frame_indices"], "pyav")
         assert int(np.abs(frames.astype(np.int16) - reference.astype(np.int16)).max()) <= 1
         return
