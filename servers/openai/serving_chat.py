@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,7 +10,7 @@ from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.chat_prompt import build_chat_prompt
-from servers.openai.errors import error_body
+from servers.openai.errors import from_exception
 from servers.openai.generation import ClosingStreamingResponse, Generation, watch
 from servers.openai.parsers import Parsed
 from servers.openai.protocol import ChatCompletionRequest
@@ -29,6 +28,7 @@ from servers.openai.responses import (
 )
 from servers.openai.sampling import check_tool_choice, to_sampling_params
 from servers.openai.state import ServerState
+from servers.openai.stream_text import sse_error, visible_text
 from servers.openai.token_fields import chat_logprobs, prompt_logprobs, usage
 
 
@@ -80,7 +80,7 @@ class _Sent:
 
 def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutput, sent: _Sent) -> ChatChunkChoice:
     final = comp.finish_reason is not None
-    text = comp.text if final or not comp.text.endswith("\ufffd") else comp.text.rstrip("\ufffd")
+    text = visible_text(comp.text, final, req.stop)
     parsed = _parse(state, req, text, final)
     content = parsed.content[len(sent.content):] if parsed.content.startswith(sent.content) else ""
     reasoning_now = parsed.reasoning_content or ""
@@ -102,9 +102,8 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
                            stop_reason=comp.stop_reason if final else None, token_ids=token_ids)
 
 
-def _sse(obj: ChatCompletionChunk | dict) -> str:
-    body = obj.model_dump_json(exclude_none=True) if isinstance(obj, ChatCompletionChunk) else json.dumps(obj)
-    return f"data: {body}\n\n"
+def _sse(chunk: ChatCompletionChunk) -> str:
+    return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
@@ -121,12 +120,15 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         async for out in stream:
             last = out
             if any(c.finish_reason == "abort" for c in out.outputs):
-                yield _sse(error_body(503, "the request was aborted before it finished", type="aborted"))
+                yield sse_error(503, "the request was aborted before it finished", type="aborted")
                 break
             choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
                        if not sent[c.index].done and (len(c.token_ids) > sent[c.index].tokens or c.finish_reason)]
             if choices:
                 yield _sse(ChatCompletionChunk(id=rid, created=created, model=name, choices=choices))
+    except Exception as exc:  # an engine failure mid-stream becomes an error event, not a cut connection
+        err = from_exception(exc)
+        yield sse_error(err.status, err.message)
     finally:
         await stream.aclose()
         await gen.aclose(last)

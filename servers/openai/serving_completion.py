@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,12 +10,13 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.errors import ApiError, error_body
+from servers.openai.errors import ApiError, from_exception
 from servers.openai.generation import ClosingStreamingResponse, Generation, merge_streams, watch
 from servers.openai.protocol import CompletionRequest
 from servers.openai.responses import CompletionChoice, CompletionResponse, Usage
 from servers.openai.sampling import to_sampling_params
 from servers.openai.state import ServerState
+from servers.openai.stream_text import sse_error, visible_text
 from servers.openai.token_fields import completion_logprobs, prompt_logprobs, usage
 
 
@@ -60,7 +60,7 @@ class _Sent:
 
 def _delta(state: ServerState, req: CompletionRequest, c: CompletionOutput, sent: _Sent,
            index: int) -> CompletionChoice:
-    text = c.text if c.finish_reason or not c.text.endswith("\ufffd") else c.text.rstrip("\ufffd")
+    text = visible_text(c.text, c.finish_reason is not None, req.stop)
     delta = text[len(sent.text):] if text.startswith(sent.text) else ""
     sent.text += delta
     logprobs = None
@@ -78,16 +78,20 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
     name = state.config.model_name
     sent = [_Sent() for _ in range(len(gens) * req.n)]
     last: dict[int, RequestOutput] = {}
-    async for i, out in merge_streams(gens):
-        last[i] = out
-        if any(c.finish_reason == "abort" for c in out.outputs):
-            yield f"data: {json.dumps(error_body(503, 'the request was aborted', type='aborted'))}\n\n"
-            break
-        choices = [_delta(state, req, c, sent[i * req.n + c.index], i * req.n + c.index) for c in out.outputs
-                   if len(c.token_ids) > sent[i * req.n + c.index].tokens or c.finish_reason]
-        if choices:
-            chunk = CompletionResponse(id=rid, created=created, model=name, choices=choices)
-            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+    try:
+        async for i, out in merge_streams(gens):
+            last[i] = out
+            if any(c.finish_reason == "abort" for c in out.outputs):
+                yield sse_error(503, "the request was aborted before it finished", type="aborted")
+                break
+            choices = [_delta(state, req, c, sent[i * req.n + c.index], i * req.n + c.index) for c in out.outputs
+                       if len(c.token_ids) > sent[i * req.n + c.index].tokens or c.finish_reason]
+            if choices:
+                chunk = CompletionResponse(id=rid, created=created, model=name, choices=choices)
+                yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+    except Exception as exc:  # an engine failure mid-stream becomes an error event, not a cut connection
+        err = from_exception(exc)
+        yield sse_error(err.status, err.message)
     done = len(last) == len(gens) and all(o.finished for o in last.values())
     if done and req.stream_options is not None and req.stream_options.include_usage:
         totals = [usage(o) for o in last.values()]

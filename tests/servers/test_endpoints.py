@@ -108,3 +108,30 @@ def test_logprobs_mode_processed_differs_from_raw(client):
     assert raw.choices[0].text == processed.choices[0].text  # same seed, same tokens
     a, b = raw.choices[0].logprobs.token_logprobs, processed.choices[0].logprobs.token_logprobs
     assert all(x < 0 for x in a) and any(abs(x - y) > 1e-3 for x, y in zip(a, b, strict=True))
+
+
+def test_streamed_stop_string_never_leaks(client, server):
+    kw = {"model": "m", "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0}
+    base = client.completions.create(**kw, extra_body={"return_token_ids": True})
+    ids, text = base.choices[0].model_extra["token_ids"], base.choices[0].text
+    decode = server.state.tokenizer.decode
+    stop = None
+    for k in range(1, len(ids) - 1):  # a stop string straddling a token boundary, first seen there
+        b = len(decode(ids[:k], skip_special_tokens=True))
+        candidate = text[b - 1:b + 2]
+        if b >= 1 and len(candidate) == 3 and text.find(candidate) == b - 1:
+            stop = candidate
+            break
+    assert stop is not None, f"no usable token boundary in {text!r}"
+    whole = client.completions.create(**kw, stop=[stop])
+    streamed = "".join(p.choices[0].text for p in client.completions.create(**kw, stop=[stop], stream=True)
+                       if p.choices)
+    assert whole.choices[0].finish_reason == "stop" and stop not in whole.choices[0].text
+    assert streamed == whole.choices[0].text
+    chat = {"model": "m", "messages": [{"role": "user", "content": "stop test"}], "max_tokens": 10, "temperature": 0}
+    full = client.chat.completions.create(**chat).choices[0].message.content
+    chat_stop = full[2:5]
+    if len(chat_stop) == 3 and full.find(chat_stop) == 2:
+        whole_chat = client.chat.completions.create(**chat, stop=chat_stop).choices[0].message.content
+        parts = client.chat.completions.create(**chat, stop=chat_stop, stream=True)
+        assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == whole_chat == full[:2]
