@@ -58,7 +58,7 @@ class LLM:
             bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
         try:
             while len(done) < len(ids) and self.engine.has_unfinished():
-                for out in self.engine.step():
+                for out in self.engine.step(stream=False):
                     if out.finished and out.request_id in wanted and out.request_id not in done:
                         done[out.request_id] = out
                         if bar is not None:

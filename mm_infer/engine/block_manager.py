@@ -89,14 +89,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        for i in range(full):
+        for i in range(seq.num_committed_blocks, full):
             block = self.blocks[seq.block_table[i]]
-            if block.hash is not None:
-                continue
-            h = seq.block_hash(i, self.block_size)
-            if h not in self.hash_to_block:  # a twin computed elsewhere keeps the cache entry
-                self.hash_to_block[h] = block.block_id
-                block.hash = h
+            if block.hash is None:
+                h = seq.block_hash(i, self.block_size)
+                if h not in self.hash_to_block:  # a twin computed elsewhere keeps the cache entry
+                    self.hash_to_block[h] = block.block_id
+                    block.hash = h
+        seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks (most recent last, so the prefix is evicted last)."""
@@ -110,6 +110,7 @@ class BlockManager:
                     self.free_ids.move_to_end(block_id, last=False)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_committed_blocks = 0
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (after a weight update the cached KV is stale)."""

@@ -50,6 +50,9 @@ class EncoderCache:
             self._entries.popitem(last=False)
             self.stats.evictions += 1
 
+    def clear(self) -> None:
+        self._entries.clear()
+
     def set_weight_version(self, version: int) -> None:
         """New weights: drop everything computed with the old ones."""
         self.weight_version = version

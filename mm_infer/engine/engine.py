@@ -155,8 +155,9 @@ class LLMEngine:
         cap = self.runtime.max_model_len - seq.num_prompt_tokens
         return min(seq.params.max_tokens or cap, cap)
 
-    def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; return snapshots of requests that advanced, finished or were aborted."""
+    def step(self, stream: bool = True) -> list[RequestOutput]:
+        """Run one scheduled batch; return snapshots of requests that advanced (all, with stream; else only
+        finished ones) and of requests aborted since the last step."""
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if not sched.chunks:
@@ -188,7 +189,8 @@ class LLMEngine:
                     self.scheduler.finish(seq, stop[0])
                 touched[seq.group.request_id] = seq.group
         for group in touched.values():
-            outputs.append(self._output(group))
+            if stream or group.finished:
+                outputs.append(self._output(group))
             if group.finished:
                 self._release(group)
         return outputs
@@ -222,6 +224,11 @@ class LLMEngine:
 
         load_state_dict_into(self.model, named_tensors)
         self.encoder_cache.set_weight_version(version)
+        self.block_manager.reset_prefix_cache()
+
+    def reset_caches(self) -> None:
+        """Forget cached vision embeddings and prefix KV (running requests keep their own blocks)."""
+        self.encoder_cache.clear()
         self.block_manager.reset_prefix_cache()
 
     def stats(self) -> dict[str, int]:

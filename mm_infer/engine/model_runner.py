@@ -52,15 +52,35 @@ class ModelRunner:
         text = model.config.text
         return 2 * text.num_layers * block_size * text.num_kv_heads * text.head_dim * model.dtype.itemsize
 
-    def item_embeddings(self, item: MediaItem) -> Tensor:
-        """[t*h*w/merge², D] for one item, from the cache or the vision tower (one item per call: batch-invariant)."""
-        emb = self.encoder_cache.get(item.content_hash)
-        if emb is None:
-            grid = torch.tensor([item.grid_thw], dtype=torch.long)
-            emb = self.model.encode_vision(item.pixel_values, grid)
-            self.encoder_calls += 1
-            self.encoder_cache.put(item.content_hash, emb)
-        return emb
+    def encode_items(self, items: list[MediaItem]) -> dict[str, Tensor]:
+        """Embeddings [tokens, D] of each distinct item, from the cache or the vision tower.
+
+        Items of >= MIN_ROWS tokens go through the tower together (every matmul then has >= MIN_ROWS rows,
+        where CPU GEMMs are row-invariant); smaller ones alone, so no item's numbers depend on its company.
+        """
+        found: dict[str, Tensor] = {}
+        missing: dict[str, MediaItem] = {}
+        for item in items:
+            if item.content_hash in found or item.content_hash in missing:
+                continue
+            emb = self.encoder_cache.get(item.content_hash)
+            if emb is None:
+                missing[item.content_hash] = item
+            else:
+                found[item.content_hash] = emb
+        merge2 = self.model.config.vision.spatial_merge_size ** 2
+        big = [it for it in missing.values() if it.pixel_values.shape[0] // merge2 >= MIN_ROWS]
+        batches = [big] if big else []
+        batches += [[it] for it in missing.values() if it.pixel_values.shape[0] // merge2 < MIN_ROWS]
+        for batch in batches:
+            grid = torch.tensor([it.grid_thw for it in batch], dtype=torch.long)  # [M, 3]
+            pixels = torch.cat([it.pixel_values for it in batch]) if len(batch) > 1 else batch[0].pixel_values
+            embs = self.model.encode_vision(pixels, grid)  # [sum tokens, D]
+            for it, emb in zip(batch, embs.split([it.pixel_values.shape[0] // merge2 for it in batch]), strict=True):
+                found[it.content_hash] = emb
+                self.encoder_cache.put(it.content_hash, emb)
+            self.encoder_calls += len(batch)
+        return found
 
     def _positions(self, req: VLMRequest, start: int, end: int) -> Tensor:
         """[3, end-start] M-RoPE positions of sequence indices [start, end)."""
@@ -115,8 +135,7 @@ class ModelRunner:
         prefill: list[tuple[int, Tensor]] = []  # (first row, positions [3, n]) of chunks inside the prompt
         decode_rows: list[int] = []
         decode_pos: list[int] = []
-        media_rows: list[Tensor] = []
-        media_embs: list[Tensor] = []
+        media: list[tuple[int, int, int, MediaItem]] = []  # (first row, first item token, count, item)
         sample_rows: list[int] = []
         score_rows: list[int] = []  # rows whose logits score the next prompt token
         prompt_rows: list[tuple[ScheduledChunk, int, int]] = []  # chunk, first target index, rows
@@ -137,8 +156,7 @@ class ModelRunner:
                 prefill.append((base, self._positions(req, chunk.start, chunk.end)))
             for r in seq.items_in(chunk.start, chunk.end):
                 lo, hi = max(chunk.start, r.offset), min(chunk.end, r.end)
-                media_rows.append(torch.arange(base + lo - chunk.start, base + hi - chunk.start))
-                media_embs.append(self.item_embeddings(req.items[r.item_index])[lo - r.offset:hi - r.offset])
+                media.append((base + lo - chunk.start, lo - r.offset, hi - lo, req.items[r.item_index]))
             if chunk.samples:
                 sample_rows.append(base + chunk.num_tokens - 1)
             if seq.params.prompt_logprobs is not None:
@@ -159,8 +177,10 @@ class ModelRunner:
         if decode_rows:
             pos[:, decode_rows] = torch.tensor(decode_pos, dtype=torch.long)  # text positions: same on t, h, w
         embeds = self.model.embed_tokens(input_ids.to(self.device))  # [Np, D]
-        if media_rows:
-            embeds.index_copy_(0, torch.cat(media_rows).to(self.device), torch.cat(media_embs).to(embeds.dtype))
+        if media:
+            vision = self.encode_items([m[3] for m in media])
+            for row, first, count, item in media:
+                embeds[row:row + count] = vision[item.content_hash][first:first + count]
         groups = self._decode_groups([c for c, one in zip(chunks, single, strict=True) if one], single_rows)
         ctx = PagedAttentionContext(self.kv, slot_mapping.to(self.device),
                                     ctx_slots.to(self.device), spans, groups)

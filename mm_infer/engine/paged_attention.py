@@ -55,18 +55,20 @@ class DecodeGroup:
 
 
 def decode_attention(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor) -> Tensor:
-    """q [G, Hq, d], keys/values [G, Hkv, Lpad, d], pad [G, Lpad] -> [G, Hq, d].
+    """q [G, Hq, d], keys/values [Hkv, G*Lpad, d] (as gathered, head-major), pad [G, Lpad] -> [G, Hq, d].
 
     bmm is batch-count invariant and softmax is row-invariant on CPU, so each row depends only on its
     own sequence and its padded length (masked keys add exact zeros).
     """
     g, hq, d = q.shape
-    hkv, lpad = keys.shape[1], keys.shape[2]
-    qh = (q * d**-0.5).reshape(g * hkv, hq // hkv, d)  # [G*Hkv, R, d]
-    scores = torch.bmm(qh, keys.reshape(g * hkv, lpad, d).transpose(1, 2))  # [G*Hkv, R, Lpad]
-    scores = scores.view(g, hkv, -1, lpad).masked_fill(pad[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.view(g * hkv, -1, lpad), dim=-1)
-    return torch.bmm(probs, values.reshape(g * hkv, lpad, d)).view(g, hq, d)
+    hkv, lpad = keys.shape[0], pad.shape[1]
+    rep = hq // hkv
+    qh = (q * d**-0.5).view(g, hkv, rep, d).transpose(0, 1).reshape(hkv * g, rep, d)  # [Hkv*G, R, d]
+    scores = torch.bmm(qh, keys.view(hkv * g, lpad, d).transpose(1, 2))  # [Hkv*G, R, Lpad]
+    scores = scores.view(hkv, g, rep, lpad).masked_fill(pad[None, :, None, :], float("-inf"))
+    probs = torch.softmax(scores.view(hkv * g, rep, lpad), dim=-1)
+    out = torch.bmm(probs, values.view(hkv * g, lpad, d))  # [Hkv*G, R, d]
+    return out.view(hkv, g, rep, d).transpose(0, 1).reshape(g, hq, d)
 
 
 class PagedAttentionContext:
@@ -90,11 +92,9 @@ class PagedAttentionContext:
         k_layer.index_copy_(1, self.slot_mapping, k[:n].transpose(0, 1))
         v_layer.index_copy_(1, self.slot_mapping, v[:n].transpose(0, 1))
         out = torch.zeros_like(q)  # [N, Hq, d]
-        hkv, d = k_layer.shape[0], k_layer.shape[2]
         for grp in self.groups:
-            g = grp.rows.shape[0]
-            keys = k_layer.index_select(1, grp.slots).view(hkv, g, -1, d).transpose(0, 1)  # [G, Hkv, Lpad, d]
-            values = v_layer.index_select(1, grp.slots).view(hkv, g, -1, d).transpose(0, 1)
+            keys = k_layer.index_select(1, grp.slots)  # [Hkv, G*Lpad, d]
+            values = v_layer.index_select(1, grp.slots)
             out[grp.rows] = decode_attention(q[grp.rows], keys, values, grp.pad)
         if self.spans:
             keys = k_layer.index_select(1, self.ctx_slots).transpose(0, 1)  # [T, Hkv, d]

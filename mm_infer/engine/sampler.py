@@ -73,21 +73,19 @@ class Sampler:
             if not p.greedy:
                 x[i] /= p.temperature
                 _truncate(x[i], p.top_k, p.top_p, p.min_p)
-        processed = torch.log_softmax(x, dim=-1)  # [S, V]
+        need_processed = [not s.params.greedy or s.params.logprobs_mode == "processed_logprobs" for s in seqs]
+        processed = torch.log_softmax(x, dim=-1) if any(need_processed) else raw  # [S, V]
         tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
         for i, seq in enumerate(seqs):
             if not seq.params.greedy:
                 noise = torch.empty_like(processed[i]).exponential_(generator=seq.generator)  # [V]
                 tokens[i] = torch.argmax(processed[i].exp() / noise)
-        token_list = tokens.tolist()
-        result = SampleResult(token_list, [], [])
+        use_processed = torch.tensor([s.params.logprobs_mode == "processed_logprobs" for s in seqs])
+        source = torch.where(use_processed[:, None], processed, raw) if bool(use_processed.any()) else raw
+        picked = source.gather(1, tokens[:, None])[:, 0]  # [S]
+        result = SampleResult(tokens.tolist(), picked.tolist(), [None] * len(seqs))
         for i, seq in enumerate(seqs):
-            source = raw if seq.params.logprobs_mode == "raw_logprobs" else processed
-            result.logprobs.append(float(source[i, token_list[i]]))
-            k = seq.params.logprobs
-            if k:
-                values, idx = torch.topk(source[i], k)
-                result.top_logprobs.append(dict(zip(idx.tolist(), values.tolist(), strict=True)))
-            else:
-                result.top_logprobs.append(None)
+            if seq.params.logprobs:
+                values, idx = torch.topk(source[i], seq.params.logprobs)
+                result.top_logprobs[i] = dict(zip(idx.tolist(), values.tolist(), strict=True))
         return result

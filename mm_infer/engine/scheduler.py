@@ -13,20 +13,17 @@ from mm_infer.engine.sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledChunk:
-    """Tokens [start, start + num_tokens) of seq run this step."""
+    """Tokens [start, end) of seq run this step; `samples` when the chunk reaches the last token."""
 
     seq: Sequence
     start: int
     num_tokens: int
+    end: int = field(init=False)
+    samples: bool = field(init=False)
 
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
-
-    @property
-    def samples(self) -> bool:
-        """The chunk reaches the last token, so the step samples the next one."""
-        return self.end == len(self.seq)
+    def __post_init__(self) -> None:
+        self.end = self.start + self.num_tokens
+        self.samples = self.end == len(self.seq)
 
 
 @dataclass

@@ -53,6 +53,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of the first len() full blocks
+        self.num_committed_blocks = 0  # leading blocks already offered to the prefix cache
         self.status = SequenceStatus.WAITING
         self.logprobs: list[float] = []
         self.top_logprobs: list[dict[int, float]] = []
