@@ -26,7 +26,7 @@ class MediaCaps:
     video_max_pixels: int | None = None
     max_video_frames: int = 768
     max_video_fps: float | None = None
-    uuid_cache_items: int = 1024
+    uuid_cache_bytes: int = 256 * 1024 * 1024  # processed media kept for requests that name it by uuid
 
 
 @dataclass(frozen=True)

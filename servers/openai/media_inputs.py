@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from mm_infer.engine.inputs import MediaDefaults
 from mm_infer.media import MediaProcessor, MediaTooLargeError, PackedTensor
+from mm_infer.media.cache import ByteLRU
 from servers.openai.config import MediaCaps
 from servers.openai.errors import ApiError
 from servers.openai.fetch import MediaFetcher
@@ -37,8 +37,11 @@ class MediaResolver:
         self.video_max = caps.video_max_pixels or defaults.video_max_pixels
         self.max_fps = caps.max_video_fps or defaults.video_fps
         self.defaults = defaults
-        self._by_uuid: OrderedDict[tuple[str, str, MediaOptions], Processed] = OrderedDict()
-        self.uuid_hits = 0
+        self._by_uuid: ByteLRU[Processed] = ByteLRU(caps.uuid_cache_bytes)
+
+    @property
+    def uuid_hits(self) -> int:
+        return self._by_uuid.hits
 
     def options(self, kwargs: dict[str, Any] | None) -> MediaOptions:
         """Check mm_processor_kwargs: known keys only, and never above the server caps (400 otherwise)."""
@@ -68,17 +71,9 @@ class MediaResolver:
                                f"({opts['max_pixels']})", param="mm_processor_kwargs")
         return MediaOptions(tuple(sorted(image.items())), tuple(sorted(video.items())))
 
-    def _remember(self, key: tuple[str, str, MediaOptions], value: Processed) -> None:
-        self._by_uuid[key] = value
-        self._by_uuid.move_to_end(key)
-        while len(self._by_uuid) > self.caps.uuid_cache_items:
-            self._by_uuid.popitem(last=False)
-
     async def _one(self, ref: MediaRef, opts: MediaOptions) -> Processed:
-        key = (ref.uuid or "", ref.kind, opts)
+        key = f"{ref.kind}|{ref.uuid}|{opts!r}"
         if ref.uuid and (hit := self._by_uuid.get(key)) is not None:
-            self.uuid_hits += 1
-            self._by_uuid.move_to_end(key)
             return hit
         if ref.url is None:
             raise ApiError(400, f"no cached {ref.kind} for uuid {ref.uuid!r}; send its URL again", param="uuid")
@@ -88,7 +83,7 @@ class MediaResolver:
         meta = metas[0]
         result = (packed, meta.second_per_grid_ts if meta is not None else None)
         if ref.uuid:
-            self._remember(key, result)
+            self._by_uuid.put(key, result, packed.pixel_values.nbytes)
         return result
 
     async def resolve(self, refs: list[MediaRef], opts: MediaOptions) -> tuple[dict[str, Any], dict[str, Any]]:

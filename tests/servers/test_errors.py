@@ -182,3 +182,9 @@ def test_malformed_json_and_unknown_route(server):
     r = httpx.post(f"{server.base_url}/v1/chat/completions", content=b"plain words", headers=AUTH)
     assert_error(r, 400, "request body")
     assert_error(httpx.get(f"{server.base_url}/v1/nothing", headers=AUTH), 404, "not found")
+
+
+def test_unknown_uuid_without_url_is_400(server):
+    body = chat([{"type": "image_url", "uuid": "never-sent"}, {"type": "text", "text": "x"}])
+    assert_error(post(server, "/v1/chat/completions", body), 400, "no cached image")
+    assert_error(post(server, "/v1/chat/completions", chat([{"type": "image_url"}])), 400, "needs a URL")
