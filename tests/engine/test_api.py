@@ -58,6 +58,11 @@ def test_chat_messages_with_real_image_and_video_match_hf(llm, capsys):
     assert isinstance(out.outputs[0].text, str) and out.outputs[0].finish_reason in ("stop", "length")
 
 
+def test_media_defaults_come_from_the_checkpoint(llm):
+    d = llm.engine.media_defaults
+    assert (d.image_min_pixels, d.image_max_pixels, d.video_max_pixels) == (3136, 200704, 100352)
+
+
 def test_bad_prompts_raise_4xx_and_queue_nothing(llm):
     with pytest.raises(PromptError, match="unknown prompt keys"):
         llm.generate([{"prompt": "hi", "images": []}], use_tqdm=False)

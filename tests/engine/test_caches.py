@@ -129,3 +129,16 @@ def test_weight_update_drops_encoder_and_prefix_caches(fresh):
     after = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
     assert llm.engine.stats()["encoder_calls"] == 2
     assert after.logprobs != before.logprobs
+
+
+def test_chunked_prefill_and_encoder_budget_match_unchunked(fresh):
+    prompts = [case([7, ("image", 1, 8, 12), 9, ("video", 2, 8, 8), 13], seed=90 + i) for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    whole = fresh(num_kv_blocks=256, enable_prefix_caching=False).generate(prompts, params, use_tqdm=False)
+    tiny = fresh(num_kv_blocks=256, enable_prefix_caching=False, max_num_batched_tokens=13,
+                 max_encoder_tokens_per_step=100)  # chunk boundaries fall inside images and videos
+    chunked = tiny.generate(prompts, params, use_tqdm=False)
+    assert tiny.engine.stats()["encoder_calls"] == 6
+    for a, b in zip(whole, chunked, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert max(abs(x - y) for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True)) <= 1e-5
