@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -27,8 +28,10 @@ def is_public_address(address: str) -> bool:
 class MediaFetcher:
     """Fetch one media URL at a time (call concurrently); every path enforces the byte cap."""
 
-    def __init__(self, config: FetchConfig, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: FetchConfig, client: httpx.AsyncClient | None = None,
+                 address_allowed: Callable[[str], bool] = is_public_address) -> None:
         self.config = config
+        self.address_allowed = address_allowed
         self.roots = tuple(Path(p).resolve() for p in config.allowed_media_paths)
         self._client = client
         self._limits = MediaLimits(max_bytes=config.max_bytes)
@@ -71,16 +74,19 @@ class MediaFetcher:
             raise MediaTooLargeError(f"media file has {size} bytes, over the limit of {self.config.max_bytes}")
         return path.read_bytes()
 
-    async def _check_host(self, host: str, port: int) -> None:
+    async def _pin(self, host: str, port: int) -> str | None:
+        """The checked address to connect to (None when private addresses are allowed: no check, no pin)."""
         if self.config.allow_private_urls:
-            return
+            return None
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as e:
             raise ApiError(400, f"cannot resolve media host {host!r}: {e}", param="url") from None
-        if not infos or not all(is_public_address(str(info[4][0])) for info in infos):
+        addresses = [str(info[4][0]) for info in infos]
+        if not addresses or not all(self.address_allowed(a) for a in addresses):
             raise ApiError(403, f"media host {host!r} resolves to a private, loopback or reserved address",
                            param="url")
+        return sorted(addresses, key=lambda a: ":" in a)[0]  # IPv4 first: not every host answers on IPv6
 
     async def _fetch_http(self, url: str) -> bytes:
         if not self.config.allow_remote_urls:
@@ -88,10 +94,17 @@ class MediaFetcher:
         parts = urlsplit(url)
         if not parts.hostname:
             raise ApiError(400, "media URL has no host", param="url")
-        await self._check_host(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        address = await self._pin(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        headers: dict[str, str] = {}
+        extensions: dict[str, str] = {}
+        if address is not None:  # connect to the address we checked, so a second DNS answer cannot differ
+            netloc = (f"[{address}]" if ":" in address else address) + (f":{parts.port}" if parts.port else "")
+            headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
+            extensions["sni_hostname"] = parts.hostname
+            url = urlunsplit(parts._replace(netloc=netloc))
         cap = self.config.max_bytes
         try:
-            async with self.client.stream("GET", url) as resp:
+            async with self.client.stream("GET", url, headers=headers, extensions=extensions) as resp:
                 if resp.is_redirect:
                     raise ApiError(400, f"media URL answered a redirect (HTTP {resp.status_code}); redirects "
                                    "are not followed", param="url")

@@ -29,6 +29,12 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(PHOTO)))
             self.end_headers()
             self.wfile.write(PHOTO)
+        elif self.path == "/host":
+            body = self.headers["Host"].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/chunked":  # no Content-Length: the cap must hold while streaming
             self.send_response(200)
             self.end_headers()
@@ -51,9 +57,9 @@ def http_url() -> Iterator[str]:
     thread.join(timeout=5)
 
 
-def fetch(config: FetchConfig, url: str) -> bytes:
+def fetch(config: FetchConfig, url: str, **kw) -> bytes:
     async def go() -> bytes:
-        fetcher = MediaFetcher(config)
+        fetcher = MediaFetcher(config, **kw)
         try:
             return await fetcher.fetch(url)
         finally:
@@ -69,6 +75,19 @@ def test_private_http_refused_by_default(http_url):
     with pytest.raises(ApiError) as e:
         fetch(FetchConfig(), f"{http_url}/photo.png")
     assert e.value.status == 403
+
+
+def test_checked_address_is_pinned_with_the_original_host(http_url):
+    port = http_url.rsplit(":", 1)[1]
+    seen: list[str] = []
+
+    def allow(address: str) -> bool:  # a policy that accepts loopback, so the pinning path runs locally
+        seen.append(address)
+        return True
+
+    host = fetch(FetchConfig(), f"http://localhost:{port}/host", address_allowed=allow)
+    assert host == f"localhost:{port}".encode()
+    assert seen and all(a in ("127.0.0.1", "::1") for a in seen)
 
 
 def test_redirects_and_errors_are_not_followed(http_url):
