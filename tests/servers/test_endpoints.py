@@ -135,3 +135,15 @@ def test_streamed_stop_string_never_leaks(client, server):
         whole_chat = client.chat.completions.create(**chat, stop=chat_stop).choices[0].message.content
         parts = client.chat.completions.create(**chat, stop=chat_stop, stream=True)
         assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == whole_chat == full[:2]
+
+
+def test_continue_final_message_through_the_server(client, server):
+    messages = [{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hello the"}]
+    body = {"messages": messages, "add_generation_prompt": False, "continue_final_message": True}
+    r = httpx.post(f"{server.base_url}/tokenize", json=body, headers=AUTH).json()
+    text = httpx.post(f"{server.base_url}/detokenize", json={"tokens": r["tokens"]}, headers=AUTH).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\nHello the")
+    out = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0,
+                                         extra_body={"add_generation_prompt": False, "continue_final_message": True,
+                                                     "return_token_ids": True})
+    assert out.model_extra["prompt_token_ids"] == r["tokens"]
