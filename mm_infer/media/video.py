@@ -43,7 +43,7 @@ def _open_av(encoded: EncodedMedia):
 
     try:
         return av.open(io.BytesIO(encoded.data), mode="r")
-    except av.error.FFmpegError as e:
+    except (av.error.FFmpegError, ValueError, OSError) as e:  # ValueError: also bad UTF-8 in metadata
         raise MediaDecodeError(f"{encoded.origin} is not a decodable video: {e}") from None
 
 
@@ -55,6 +55,8 @@ def probe(encoded: EncodedMedia, *, limits: MediaLimits = DEFAULT_LIMITS) -> Vid
         if not container.streams.video:
             raise MediaUnsupportedError(f"{encoded.origin} has no video stream")
         stream = container.streams.video[0]
+        if stream.codec_context is None:
+            raise MediaUnsupportedError(f"{encoded.origin} has a video stream in a codec we cannot decode")
         codec = stream.codec_context.name
         if av.codec.Codec(codec, "r") is None:  # pragma: no cover - Codec raises when unknown
             raise MediaUnsupportedError(f"{encoded.origin} uses codec '{codec}', which cannot be decoded")
@@ -64,7 +66,7 @@ def probe(encoded: EncodedMedia, *, limits: MediaLimits = DEFAULT_LIMITS) -> Vid
         if total <= 0:  # some containers (WebM) do not store a count: count packets, no decoding
             try:
                 total = sum(1 for p in container.demux(stream) if p.size > 0)
-            except av.error.FFmpegError as e:
+            except (av.error.FFmpegError, ValueError, OSError) as e:
                 raise MediaDecodeError(f"{encoded.origin} is truncated or corrupt: {e}") from None
         info = VideoInfo(total, fps, stream.width, stream.height, codec)
     if info.total_frames <= 0:
@@ -103,7 +105,7 @@ def _decode_pyav(encoded: EncodedMedia, indices: list[int]) -> np.ndarray:
                         out[pos] = rgb
                 if i >= last:
                     break
-        except av.error.FFmpegError as e:
+        except (av.error.FFmpegError, ValueError, OSError) as e:
             raise MediaDecodeError(f"{encoded.origin} is truncated or corrupt: {e}") from None
     missing = [indices[p] for p, f in enumerate(out) if f is None]
     if missing:

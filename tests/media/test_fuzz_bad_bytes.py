@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,11 +22,12 @@ def corrupt(data: bytes, flips: list[tuple[int, int]], cut: float) -> bytes:
     return bytes(buf)
 
 
+EXAMPLES = int(os.environ.get("MM_FUZZ_EXAMPLES", "40"))  # raise it for a longer fuzz run
 mutations = st.tuples(st.lists(st.tuples(st.integers(0, 10**7), st.integers(0, 255)), max_size=8),
                       st.floats(0.05, 1.0))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES * 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(sorted(IMAGE_BYTES)), mutation=mutations)
 def test_corrupted_images_raise_media_error_or_decode(name: str, mutation) -> None:
     data = corrupt(IMAGE_BYTES[name], *mutation)
@@ -36,7 +39,7 @@ def test_corrupted_images_raise_media_error_or_decode(name: str, mutation) -> No
         assert packed.pixel_values.shape[0] == int(packed.imgs_sizes.prod())
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(sorted(VIDEO_BYTES)), mutation=mutations)
 def test_corrupted_videos_raise_media_error_or_decode(name: str, mutation) -> None:
     # The default decoder only: decord segfaults on some of these (why `auto` means PyAV).
