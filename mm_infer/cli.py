@@ -65,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
                           max_bytes=args.max_media_bytes),
         caps=MediaCaps(image_max_pixels=args.max_pixels, video_max_pixels=args.video_max_pixels,
                        max_video_frames=args.max_video_frames))
-    serve(config)
+    serve(config, args.log_level)
     return 0
 
 
@@ -92,6 +92,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--tool-parser", default=None, choices=["hermes", "qwen"])
     srv.add_argument("--dtype", default=None)
     srv.add_argument("--seed", type=int, default=None)
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     srv.set_defaults(func=_serve)
 
 

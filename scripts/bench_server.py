@@ -67,7 +67,7 @@ async def _load(base: str, args: argparse.Namespace) -> tuple[float, list[float]
 def _serve(args: argparse.Namespace, port: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "mm_infer.cli", "serve", args.model, "--port", str(port),
-                             "--num-kv-blocks", str(args.num_kv_blocks)], cwd=REPO, env=env)
+                             "--num-kv-blocks", str(args.num_kv_blocks), "--log-level", "warning"], cwd=REPO, env=env)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:

@@ -19,17 +19,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _uvicorn_config(state: ServerState) -> uvicorn.Config:
+def _uvicorn_config(state: ServerState, log_level: str) -> uvicorn.Config:
     cfg = state.config
-    return uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port, log_level="warning",
+    return uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
                           timeout_graceful_shutdown=5, lifespan="on")
 
 
-def serve(config: ServerConfig) -> None:
+def serve(config: ServerConfig, log_level: str = "info") -> None:
     """Load the model and serve until interrupted."""
     state = build_state(config)
     print(f"mm-infer: serving {config.model_name} on http://{config.host}:{config.port}", flush=True)
-    uvicorn.Server(_uvicorn_config(state)).run()
+    uvicorn.Server(_uvicorn_config(state, log_level)).run()
 
 
 class BackgroundServer:
@@ -37,7 +37,7 @@ class BackgroundServer:
 
     def __init__(self, config: ServerConfig, state: ServerState | None = None) -> None:
         self.state = state or build_state(config)
-        self.server = uvicorn.Server(_uvicorn_config(self.state))
+        self.server = uvicorn.Server(_uvicorn_config(self.state, "warning"))
         self.thread = threading.Thread(target=self.server.run, name="mm-infer-server", daemon=True)
 
     @property
