@@ -28,6 +28,8 @@ class MediaOptions:
 
 
 class MediaResolver:
+    """Fetch, decode and cache (by uuid) a request's media under the server's caps."""
+
     def __init__(self, fetcher: MediaFetcher, processor: MediaProcessor, defaults: MediaDefaults,
                  caps: MediaCaps) -> None:
         self.fetcher = fetcher
@@ -53,9 +55,10 @@ class MediaResolver:
                   "video_min_pixels": self.video_max, "total_pixels": None,
                   "num_frames": self.caps.max_video_frames, "fps": self.max_fps}
         for key, value in kw.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ApiError(400, f"mm_processor_kwargs.{key} must be a positive number",
-                               param=f"mm_processor_kwargs.{key}")
+            kind = (int, float) if key == "fps" else int
+            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+                raise ApiError(400, f"mm_processor_kwargs.{key} must be a positive "
+                               f"{'number' if key == 'fps' else 'integer'}", param=f"mm_processor_kwargs.{key}")
             cap = limits[key]
             if cap is not None and value > cap:
                 raise ApiError(400, f"mm_processor_kwargs.{key}={value} is above this server's cap of {cap}",

@@ -111,12 +111,12 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
     name = state.config.model_name
     sent = [_Sent() for _ in range(req.n)]
     last: RequestOutput | None = None
-    for i in range(req.n):
-        yield _sse(ChatCompletionChunk(id=rid, created=created, model=name, choices=[
-            ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
-            prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None))
     stream = gen.stream()
     try:
+        for i in range(req.n):
+            yield _sse(ChatCompletionChunk(id=rid, created=created, model=name, choices=[
+                ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
+                prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None))
         async for out in stream:
             last = out
             if any(c.finish_reason == "abort" for c in out.outputs):

@@ -105,6 +105,8 @@ def test_mm_processor_kwargs_above_cap_is_400(server, photo_url):
     assert_error(post(server, "/v1/chat/completions", body), 400, "cap")
     body = chat(image(photo_url), mm_processor_kwargs={"fps": 100.0})
     assert_error(post(server, "/v1/chat/completions", body), 400, "cap")
+    body = chat(image(photo_url), mm_processor_kwargs={"num_frames": 2.5})
+    assert_error(post(server, "/v1/chat/completions", body), 400, "positive integer")
     body = chat(image(photo_url), mm_processor_kwargs={"bogus": 1})
     assert_error(post(server, "/v1/chat/completions", body), 400, "unrecognized mm_processor_kwargs")
 
