@@ -84,7 +84,8 @@ def main() -> None:
     llm, startup = timed(lambda: LLM(args.model, cpu_threads=args.threads))
     print(f"mm-infer startup: {startup:.2f} s (LLM() after `import torch`; threads={args.threads})")
     requests = make_requests(args.requests, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    # min_tokens = max_tokens masks EOS exactly like HF's min_new_tokens (ignore_eos would sample it and go on)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, min_tokens=args.max_tokens)
     llm.generate(make_requests(4, seed=99), SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
 
     from transformers import AutoModelForImageTextToText
@@ -93,7 +94,8 @@ def main() -> None:
     print(f"HF startup: {hf_startup:.2f} s (from_pretrained after importing transformers)")
     expanded = [llm.engine.prepare(r).prompt_token_ids for r in requests]
     batch = hf_batch(requests, expanded)
-    gen_kw = {"do_sample": False, "pad_token_id": PAD}
+    # the engine never samples media pad tokens; tell HF the same so greedy ids are comparable
+    gen_kw = {"do_sample": False, "pad_token_id": PAD, "suppress_tokens": [IMAGE, IMAGE + 1]}
 
     def run_hf():
         with torch.inference_mode():
@@ -123,12 +125,13 @@ def main() -> None:
     print(f"HF generate (batch {len(requests)}, left padding): {hf_tokens} output tokens in {hf_s:.2f} s wall / "
           f"{hf_cpu:.2f} s CPU = {hf_tokens / hf_s:.1f} tok/s ({hf_tokens / hf_cpu:.1f} per CPU-s); "
           f"TTFT (batched prefill) {hf_ttft:.3f} s (best of {args.repeats})")
-    print(f"greedy sequences identical to HF batched: {same}/{len(outs)} (padding changes HF numerics slightly)")
+    print(f"greedy sequences identical to HF batched: {same}/{len(outs)}")
     print(f"CPU-time ratio mm-infer / HF: {(ours_tokens / ours_cpu) / (hf_tokens / hf_cpu):.2f}x")
 
     group = make_requests(args.group_prompts, seed=1)
     before = llm.engine.stats()
-    sampled = SamplingParams(n=args.samples, temperature=1.0, seed=0, max_tokens=args.max_tokens, ignore_eos=True)
+    sampled = SamplingParams(n=args.samples, temperature=1.0, seed=0, max_tokens=args.max_tokens,
+                             min_tokens=args.max_tokens)
     gouts, group_s = timed(lambda: llm.generate(group, sampled, use_tqdm=False))
     after = llm.engine.stats()
     g_tokens = sum(len(c.token_ids) for o in gouts for c in o.outputs)

@@ -79,7 +79,8 @@ def hf_kwargs(prompt: dict, ids: list[int]) -> dict:
 @torch.inference_mode()
 def hf_greedy(prompt: dict, max_new_tokens: int, path: Path = CKPT) -> list[int]:
     ids = expand(prompt)
-    out = hf_model(path).generate(**hf_kwargs(prompt, ids), max_new_tokens=max_new_tokens, do_sample=False)
+    out = hf_model(path).generate(**hf_kwargs(prompt, ids), max_new_tokens=max_new_tokens, do_sample=False,
+                                  suppress_tokens=[IMAGE, VIDEO])  # the engine never samples media pads
     return out[0, len(ids):].tolist()
 
 

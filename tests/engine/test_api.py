@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from engine_cases import CKPT, CKPT25, REPO, case, hf_kwargs, hf_model
+from engine_cases import CKPT, CKPT25, IMAGE, REPO, VIDEO, case, hf_kwargs, hf_model
 
 import mm_infer
 from mm_infer import SamplingParams
@@ -53,7 +53,8 @@ def test_chat_messages_with_real_image_and_video_match_hf(llm, capsys):
     oracle = _as_oracle_prompt(req)
     ids = req.prompt_token_ids
     with torch.inference_mode():
-        ref = hf_model().generate(**hf_kwargs(oracle, ids), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_model().generate(**hf_kwargs(oracle, ids), max_new_tokens=10, do_sample=False,
+                                  suppress_tokens=[IMAGE, VIDEO])[0, len(ids):].tolist()
     assert out.outputs[0].token_ids == ref
     assert isinstance(out.outputs[0].text, str) and out.outputs[0].finish_reason in ("stop", "length")
 
@@ -85,7 +86,8 @@ def test_qwen25_video_and_image_match_hf():
         ids = out.prompt_token_ids
         kw = hf_kwargs(prompt, ids) | {"second_per_grid_ts": torch.tensor([2.0])}
         with torch.inference_mode():
-            ref = hf_model(CKPT25).generate(**kw, max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+            ref = hf_model(CKPT25).generate(**kw, max_new_tokens=10, do_sample=False,
+                                            suppress_tokens=[IMAGE, VIDEO])[0, len(ids):].tolist()
     finally:
         torch.set_num_threads(threads)
     assert out.outputs[0].token_ids == ref
