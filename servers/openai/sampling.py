@@ -48,6 +48,9 @@ def to_sampling_params(req: SamplingFields, vocab_size: int) -> SamplingParams:
     if mode not in LOGPROBS_MODES:
         raise ApiError(400, f"logprobs_mode {mode!r} is not supported; use one of {list(LOGPROBS_MODES)}",
                        param="logprobs_mode")
+    if req.prompt_logprobs:
+        raise ApiError(400, "prompt_logprobs > 0 (top alternatives per prompt token) is not supported; use 0 for "
+                       "each prompt token's own logprob", param="prompt_logprobs")
     bad_stop = [t for t in req.stop_token_ids or [] if not 0 <= t < vocab_size]
     if bad_stop:
         raise ApiError(400, f"stop_token_ids {bad_stop} are not token ids in [0, {vocab_size})",
