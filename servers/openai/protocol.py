@@ -146,6 +146,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str | list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for text completions
     logprobs: int | None = Field(default=None, ge=0, le=20)
     add_special_tokens: bool = True
 
