@@ -63,6 +63,12 @@ def load_model_fast(model_dir: Path, dtype: torch.dtype, device: torch.device) -
     return model, config
 
 
+def _max_positions(model_dir: Path) -> int:
+    raw = json.loads((model_dir / "config.json").read_text())
+    return int((raw.get("text_config") or {}).get("max_position_embeddings") or raw.get("max_position_embeddings")
+               or 32768)
+
+
 def _eos_ids(model_dir: Path, config_eos: int | tuple[int, ...] | None) -> tuple[int, ...]:
     ids = list(config_eos if isinstance(config_eos, tuple) else [] if config_eos is None else [config_eos])
     gen = model_dir / "generation_config.json"
@@ -92,8 +98,9 @@ class LLMEngine:
         cache = config.cache
         per_block = ModelRunner.kv_bytes_per_block(self.model, cache.block_size)
         num_blocks = cache.num_kv_blocks or max(cache.kv_cache_memory_bytes // per_block, 1)
-        self.runtime = EngineRuntime(num_blocks, cache.block_size,
-                                     config.scheduler.max_model_len or 32768, mcfg.text.vocab_size,
+        # one sequence must always fit the pool, or preemption could never make room for it
+        max_len = min(config.scheduler.max_model_len or _max_positions(model_dir), num_blocks * cache.block_size)
+        self.runtime = EngineRuntime(num_blocks, cache.block_size, max_len, mcfg.text.vocab_size,
                                      mcfg.vision.spatial_merge_size, special)
         self.tokens_per_second = mcfg.vision.tokens_per_second if mcfg.kind == "qwen2_5_vl" else None
         self.media_defaults = media_defaults(model_dir, config.media)
@@ -129,10 +136,7 @@ class LLMEngine:
         room = self.runtime.max_model_len - len(req.prompt_token_ids)
         if room < 1:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
-                              f"{self.runtime.max_model_len}")
-        if self.block_manager.blocks_needed(len(req.prompt_token_ids) + 1) > self.block_manager.num_blocks:
-            raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the KV cache holds "
-                              f"{self.block_manager.num_blocks * self.block_manager.block_size}")
+                              f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)")
         group = SequenceGroup(request_id, params, req.placeholders, req.item_patches, payload=req)
         for i in range(params.n):
             seq = Sequence(group, req.prompt_token_ids, i)

@@ -113,7 +113,7 @@ def test_abort_reports_partial_output_and_frees_blocks(fresh):
 
 
 def test_prompt_larger_than_pool_is_rejected(fresh):
-    with pytest.raises(PromptError, match="KV cache holds 32"):
+    with pytest.raises(PromptError, match="context length is 32"):
         fresh(num_kv_blocks=2).generate([case([40], seed=1)], use_tqdm=False)
 
 
@@ -142,3 +142,12 @@ def test_chunked_prefill_and_encoder_budget_match_unchunked(fresh):
     for a, b in zip(whole, chunked, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert max(abs(x - y) for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True)) <= 1e-5
+
+
+def test_context_is_capped_by_the_pool_so_one_sequence_always_fits(fresh):
+    llm = fresh(num_kv_blocks=4)  # 64 tokens in all
+    outs = llm.generate([case([20], seed=5), case([30], seed=6)],
+                        SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [44, 34]
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    assert llm.engine.stats()["preemptions"] > 0
