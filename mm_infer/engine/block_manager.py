@@ -18,8 +18,8 @@ class Block:
 
 @dataclass
 class PrefixCacheStats:
-    queries: int = 0  # prompt tokens looked up
-    hits: int = 0  # prompt tokens served from cache
+    queries: int = 0  # prompt tokens of admitted sequences
+    hits: int = 0  # of which served from cache
 
 
 class BlockManager:
@@ -60,8 +60,6 @@ class BlockManager:
             seq.block_table.append(block_id)
             hit += 1
         num_tokens = hit * self.block_size
-        self.stats.queries += len(seq)
-        self.stats.hits += num_tokens
         seq.num_computed_tokens = num_tokens
         seq.num_cached_tokens = num_tokens
         return num_tokens

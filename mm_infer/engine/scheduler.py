@@ -98,6 +98,8 @@ class Scheduler:
                 self.waiting.appendleft(seq)
                 break
             seq.status = SequenceStatus.RUNNING
+            self.block_manager.stats.queries += len(seq)
+            self.block_manager.stats.hits += seq.num_computed_tokens
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             budget -= n
