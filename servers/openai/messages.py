@@ -42,12 +42,13 @@ class ChatInput:
 
 
 def _media_ref(part: Any, where: str) -> MediaRef:
-    if isinstance(part, ImageURLPart):
-        kind, ref = "image", part.image_url
-        url, uuid = (ref.url if ref else None), part.uuid or (ref.uuid if ref else None)
-    elif isinstance(part, VideoURLPart):
-        kind, ref = "video", part.video_url
-        url, uuid = (ref.url if ref else None), part.uuid or (ref.uuid if ref else None)
+    if isinstance(part, (ImageURLPart, VideoURLPart)):
+        kind = "image" if isinstance(part, ImageURLPart) else "video"
+        ref = part.image_url if isinstance(part, ImageURLPart) else part.video_url
+        if isinstance(ref, str) or ref is None:
+            url, uuid = ref, part.uuid
+        else:
+            url, uuid = ref.url, part.uuid or ref.uuid
     elif isinstance(part, InputImagePart):
         kind, url, uuid = "image", part.image_url, part.uuid
     else:

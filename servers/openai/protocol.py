@@ -24,13 +24,13 @@ class TextPart(Strict):
 
 class ImageURLPart(Strict):
     type: Literal["image_url"]
-    image_url: URLRef | None = None
+    image_url: URLRef | str | None = None  # some clients send the URL as a plain string
     uuid: str | None = None
 
 
 class VideoURLPart(Strict):
     type: Literal["video_url"]
-    video_url: URLRef | None = None
+    video_url: URLRef | str | None = None
     uuid: str | None = None
 
 

@@ -71,10 +71,11 @@ def test_file_url_under_allowed_path_equals_data_url(client, photo_url):
 def test_several_images_and_input_image_parts(client, photo_url):
     gray = data_url(MEDIA / "images" / "gray.png", "image/png")
     r = ask(client, [image_part(photo_url), {"type": "input_image", "image_url": gray, "detail": "low"},
-                     {"type": "input_text", "text": "compare"}], extra_body={"return_token_ids": True})
+                     {"type": "image_url", "image_url": gray}, {"type": "input_text", "text": "compare"}],
+            extra_body={"return_token_ids": True})
     ids = r.model_extra["prompt_token_ids"]
     runs = sum(1 for a, b in zip(ids, ids[1:], strict=False) if b == IMAGE_PAD and a != IMAGE_PAD)
-    assert runs == 2
+    assert runs == 3
     assert ids.count(IMAGE_PAD) > 2  # expanded, not one pad per image
 
 
