@@ -158,3 +158,13 @@ def test_live_server_fetches_http_media_when_allowed(http_url, photo_url):
         with pytest.raises(openai.BadRequestError, match="redirect"):
             client.chat.completions.create(model="m", max_tokens=1, messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": f"{http_url}/redirect"}}]}])
+
+
+def test_symlink_out_of_an_allowed_root_is_refused(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "secret.bin"
+    root.mkdir()
+    outside.write_bytes(b"secret")
+    (root / "link.bin").symlink_to(outside)
+    with pytest.raises(ApiError) as e:
+        fetch(FetchConfig(allowed_media_paths=(root,)), f"file://{root}/link.bin")
+    assert e.value.status == 403
