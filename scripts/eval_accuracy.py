@@ -75,10 +75,14 @@ def main() -> None:
         answers[name] = answerer.answer(samples, args.max_tokens)
         results[name] = score(samples, answers[name])
         report(name, results[name], time.perf_counter() - start)
-    if "offline" in answers and "hf" in answers:
-        same = sum(a.token_ids == b.token_ids for a, b in zip(answers["offline"], answers["hf"], strict=True))
-        print(f"offline vs hf: identical greedy token ids on {same}/{len(samples)} samples")
-        results["agreement"] = {"identical_token_ids": 100.0 * same / len(samples)}
+    names = list(answers)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if any(x.token_ids is None for x in answers[a] + answers[b]):
+                continue
+            same = sum(x.token_ids == y.token_ids for x, y in zip(answers[a], answers[b], strict=True))
+            print(f"{a} vs {b}: identical greedy token ids on {same}/{len(samples)} samples")
+            results[f"{a}_vs_{b}"] = {"identical_token_ids": 100.0 * same / len(samples)}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -132,7 +132,7 @@ def train(args: argparse.Namespace) -> None:
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98))
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
     batches = TrainBatches(args.out, args.seed, args.steps, args.batch_size)
     loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=1, prefetch_factor=4)
     start, running = time.perf_counter(), 0.0
@@ -164,7 +164,7 @@ def main() -> None:
     p.add_argument("--preset", default="tiny-qwen2-vl", choices=["tiny-qwen2-vl"])
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)

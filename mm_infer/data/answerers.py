@@ -108,7 +108,7 @@ class OpenAIAnswerer:
 
     def answer_one(self, sample: Sample, max_tokens: int) -> Answer:
         choice = self._post("/v1/chat/completions", chat_request(sample, self.model, max_tokens))["choices"][0]
-        ids = choice.get("token_ids") or choice.get("generation_token_ids")
+        ids = choice.get("token_ids") or choice["message"].get("generation_token_ids")  # mm-infer's RL fields
         return Answer((choice["message"].get("content") or "").strip(), list(ids) if ids is not None else None)
 
     def answer(self, samples: list[Sample], max_tokens: int) -> list[Answer]:
