@@ -113,9 +113,13 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     created = int(time.time())
     gens = [Generation(state, {"prompt_token_ids": ids}, params, f"{rid}-{i}") for i, ids in enumerate(prompts)]
     if req.stream:
+        starts = [asyncio.ensure_future(g.start()) for g in gens]
         try:
-            await watch(asyncio.gather(*(g.start() for g in gens)), request.is_disconnected)
-        except BaseException:
+            await watch(asyncio.gather(*starts), request.is_disconnected)
+        except BaseException:  # one bad prompt fails the batch: stop the other starts, abort what started
+            for task in starts:
+                task.cancel()
+            await asyncio.gather(*starts, return_exceptions=True)
             await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
             raise
         return ClosingStreamingResponse(_stream(state, req, gens, rid, created), media_type="text/event-stream")

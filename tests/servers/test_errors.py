@@ -191,3 +191,12 @@ def test_unknown_uuid_without_url_is_400(server):
     body = chat([{"type": "image_url", "uuid": "never-sent"}, {"type": "text", "text": "x"}])
     assert_error(post(server, "/v1/chat/completions", body), 400, "no cached image")
     assert_error(post(server, "/v1/chat/completions", chat([{"type": "image_url"}])), 400, "needs a URL")
+
+
+def test_bad_prompt_in_a_streamed_batch_frees_the_rest(server):
+    _wait_idle(server)
+    running = server.state.metrics.running
+    body = {"prompt": [[5, 6, 7], [3006] * 3], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    assert_error(post(server, "/v1/completions", body), 400, "placeholder")
+    _wait_idle(server)
+    assert server.state.metrics.running == running
