@@ -35,6 +35,7 @@ def server() -> Iterator[BackgroundServer]:
         engine_options={"num_kv_blocks": NUM_BLOCKS, "max_model_len": MAX_MODEL_LEN})
     srv = BackgroundServer(config).start()
     yield srv
+    assert srv.state.metrics.running == 0, "a request was never closed"
     srv.stop()
     assert not srv.thread.is_alive(), "the server thread did not stop"
 
