@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
+from server_cases import API_KEY, CKPT, MAX_MODEL_LEN, MEDIA, NUM_BLOCKS, data_url
 
 from mm_infer.llm import LLM
 from servers.openai.config import FetchConfig, ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
-
-REPO = Path(__file__).resolve().parents[2]
-CKPT = REPO / "assets" / "models" / "tiny-qwen2-vl"
-MEDIA = REPO / "assets" / "media"
-API_KEY = "test-key"
-MAX_MODEL_LEN = 1024
-NUM_BLOCKS = 256
-SMALL = 12544  # max_pixels for test images: at most 16 patches
-
-
-def data_url(path: Path, mime: str) -> str:
-    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import MEDIA, SMALL, data_url
+from server_cases import MEDIA, SMALL, data_url
 
 from mm_infer import SamplingParams
 
@@ -159,7 +159,7 @@ def test_concurrent_requests_do_not_mix(server, llm):
     import asyncio
 
     import openai
-    from conftest import API_KEY
+    from server_cases import API_KEY
 
     images = ["photo.png", "gray.png", "rgba.png", "la.png", "photo_q90.jpg", "cmyk.jpg"]
     mime = {".png": "image/png", ".jpg": "image/jpeg"}

@@ -9,7 +9,7 @@ import sys
 import time
 
 import httpx
-from conftest import CKPT, REPO
+from server_cases import CKPT, REPO
 
 from mm_infer.cli import build_parser
 from servers.openai.launch import free_port

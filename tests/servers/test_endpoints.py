@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import httpx
-from conftest import API_KEY, MAX_MODEL_LEN, SMALL
+from server_cases import API_KEY, MAX_MODEL_LEN, SMALL
 
 from mm_infer import SamplingParams
 
@@ -90,7 +90,7 @@ def test_metrics_exposition(client, server):
 def test_media_defaults_come_from_the_checkpoint(server, photo_url):
     import json
 
-    from conftest import CKPT
+    from server_cases import CKPT
 
     from mm_infer.media import smart_resize
 

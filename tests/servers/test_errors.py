@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import API_KEY, MAX_MODEL_LEN, MEDIA, NUM_BLOCKS
+from server_cases import API_KEY, MAX_MODEL_LEN, MEDIA, NUM_BLOCKS
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import MEDIA
+from server_cases import MEDIA
 
 from mm_infer.media import MediaTooLargeError
 from servers.openai.config import FetchConfig
@@ -138,7 +138,7 @@ def test_public_address_rule(address, public):
 
 def test_live_server_fetches_http_media_when_allowed(http_url, photo_url):
     import openai
-    from conftest import CKPT, SMALL
+    from server_cases import CKPT, SMALL
 
     from servers.openai.config import ServerConfig
     from servers.openai.launch import BackgroundServer, free_port

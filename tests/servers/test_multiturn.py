@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import MEDIA, SMALL, data_url
+from server_cases import MEDIA, SMALL, data_url
 
 from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.placeholders import PromptError

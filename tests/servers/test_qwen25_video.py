@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from conftest import MEDIA, REPO, SMALL, data_url
+from server_cases import MEDIA, REPO, SMALL, data_url
 
 from mm_infer import LLM, SamplingParams
 from servers.openai.config import ServerConfig

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CKPT
+from server_cases import CKPT
 
 from mm_infer.engine.tokenizer import Tokenizer
 from servers.openai.errors import ApiError
