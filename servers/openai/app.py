@@ -81,8 +81,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        alive = state.engine._thread.is_alive()
-        return Response(status_code=200 if alive else 503)
+        return Response(status_code=200 if state.engine_alive else 503)
 
     @app.get("/version")
     async def version() -> dict[str, str]:

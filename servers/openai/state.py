@@ -38,6 +38,11 @@ class ServerState:
     def vocab_size(self) -> int:
         return self.engine.engine.runtime.vocab_size
 
+    @property
+    def engine_alive(self) -> bool:
+        thread = getattr(self.engine, "_thread", None)  # AsyncEngine's stepping thread (no public accessor yet)
+        return thread is None or thread.is_alive()
+
     def token_str(self, token_id: int, as_id: bool) -> str:
         return f"token_id:{token_id}" if as_id else self.tokenizer.decode([token_id], skip_special_tokens=False)
 
