@@ -147,3 +147,16 @@ def test_continue_final_message_through_the_server(client, server):
                                          extra_body={"add_generation_prompt": False, "continue_final_message": True,
                                                      "return_token_ids": True})
     assert out.model_extra["prompt_token_ids"] == r["tokens"]
+
+
+def test_health_is_503_once_the_engine_stopped():
+    from server_cases import CKPT
+
+    from servers.openai.config import ServerConfig
+    from servers.openai.launch import BackgroundServer, free_port
+
+    config = ServerConfig(model_dir=str(CKPT), port=free_port(), engine_options={"num_kv_blocks": 16})
+    with BackgroundServer(config) as srv:
+        assert httpx.get(f"{srv.base_url}/health").status_code == 200
+        srv.state.engine.shutdown()
+        assert httpx.get(f"{srv.base_url}/health").status_code == 503
