@@ -53,33 +53,44 @@ class Sampler:
         self.never_sample = list(never_sample)
         self.eos_ids = list(eos_ids)
 
-    def __call__(self, logits: Tensor, seqs: list[Sequence]) -> SampleResult:
-        """logits [S, V] float32, one row per sequence."""
-        raw = torch.log_softmax(logits, dim=-1)  # [S, V]
+    def _process(self, logits: Tensor, seqs: list[Sequence]) -> Tensor:
+        """Processed logits [S, V]: pad mask, logit_bias, min_tokens, penalties, temperature, truncation."""
         x = logits.clone()
         if self.never_sample:
             x[:, self.never_sample] = float("-inf")
+        bias = [(i, tok, val) for i, s in enumerate(seqs) for tok, val in (s.params.logit_bias or {}).items()]
+        if bias:
+            rows, toks, vals = zip(*bias, strict=True)
+            x.index_put_((torch.tensor(rows), torch.tensor(toks)), torch.tensor(vals, dtype=x.dtype), accumulate=True)
+        blocked = [(i, tok) for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens
+                   for tok in [*(s.params.stop_token_ids or []), *([] if s.params.ignore_eos else self.eos_ids)]]
+        if blocked:
+            rows, toks = zip(*blocked, strict=True)
+            x[torch.tensor(rows), torch.tensor(toks)] = float("-inf")
         for i, seq in enumerate(seqs):
             p = seq.params
-            if p.logit_bias:
-                idx = torch.tensor(list(p.logit_bias), device=x.device)
-                x[i, idx] += torch.tensor(list(p.logit_bias.values()), dtype=x.dtype, device=x.device)
-            if seq.num_output_tokens < p.min_tokens:
-                blocked = list(p.stop_token_ids or []) + ([] if p.ignore_eos else self.eos_ids)
-                if blocked:
-                    x[i, blocked] = float("-inf")
             if p.has_penalties:
                 _apply_penalties(x[i], seq)
             if not p.greedy:
                 x[i] /= p.temperature
-                _truncate(x[i], p.top_k, p.top_p, p.min_p)
+                if p.top_k or p.top_p < 1.0 or p.min_p > 0.0:
+                    _truncate(x[i], p.top_k, p.top_p, p.min_p)
+        return x
+
+    def __call__(self, logits: Tensor, seqs: list[Sequence]) -> SampleResult:
+        """logits [S, V] float32, one row per sequence."""
+        raw = torch.log_softmax(logits, dim=-1)  # [S, V]
+        x = self._process(logits, seqs)
         need_processed = [not s.params.greedy or s.params.logprobs_mode == "processed_logprobs" for s in seqs]
         processed = torch.log_softmax(x, dim=-1) if any(need_processed) else raw  # [S, V]
         tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
-        for i, seq in enumerate(seqs):
-            if not seq.params.greedy:
-                noise = torch.empty_like(processed[i]).exponential_(generator=seq.generator)  # [V]
-                tokens[i] = torch.argmax(processed[i].exp() / noise)
+        rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if rows:  # inverse-CDF draw: one uniform per row from that sequence's generator
+            cdf = torch.cumsum(processed[rows].exp(), dim=-1)  # [R, V], row-wise scan
+            u = torch.cat([torch.rand(1, generator=seqs[i].generator) for i in rows])  # [R]
+            target = (1.0 - u)[:, None] * cdf[:, -1:]  # in (0, total]
+            drawn = torch.searchsorted(cdf, target)[:, 0].clamp_(max=cdf.shape[1] - 1)
+            tokens[rows] = drawn
         use_processed = torch.tensor([s.params.logprobs_mode == "processed_logprobs" for s in seqs])
         source = torch.where(use_processed[:, None], processed, raw) if bool(use_processed.any()) else raw
         picked = source.gather(1, tokens[:, None])[:, 0]  # [S]
