@@ -69,6 +69,8 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_tokens: int) -> bool:
         """Grow seq's block table to hold num_tokens tokens; False (nothing changed) if the pool is short."""
+        if len(seq.block_table) * self.block_size >= num_tokens:
+            return True
         if not self.can_allocate(seq, num_tokens):
             return False
         for _ in range(self.blocks_needed(num_tokens) - len(seq.block_table)):

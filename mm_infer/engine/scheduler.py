@@ -65,7 +65,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._clip(seq, min(seq.num_pending_tokens, budget), enc_budget, planned)
+            n = min(seq.num_pending_tokens, budget)
+            if seq.num_computed_tokens < seq.num_prompt_tokens:  # media only lives in the prompt
+                n = self._clip(seq, n, enc_budget, planned)
             if n == 0:
                 i += 1
                 continue
