@@ -168,12 +168,14 @@ class LLMEngine:
             return outputs
         result = self.runner.run(sched.chunks)
         self.scheduler.update(sched)
-        for seq_id, (first, lps) in result.prompt_logprobs.items():
+        for seq_id, (first, lps, tops) in result.prompt_logprobs.items():
             seq = next(c.seq for c in sched.chunks if c.seq.seq_id == seq_id)
             if not seq.prompt_logprobs:
                 seq.prompt_logprobs.append(None)
+                seq.prompt_top_logprobs.append(None)
             assert first == len(seq.prompt_logprobs), "prompt logprobs out of order"
             seq.prompt_logprobs.extend(lps)
+            seq.prompt_top_logprobs.extend(tops or [None] * len(lps))
         seqs = [c.seq for c in result.sample_chunks]
         touched: dict[str, SequenceGroup] = {}
         if seqs:

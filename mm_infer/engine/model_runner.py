@@ -24,7 +24,8 @@ class StepOutput:
 
     sample_chunks: list[ScheduledChunk]
     sample_logits: Tensor  # [S, V] float32
-    prompt_logprobs: dict[int, tuple[int, list[float]]] = field(default_factory=dict)  # seq_id -> (first, lps)
+    # seq_id -> (first scored prompt index, logprob of each actual token, top-k alternatives or None)
+    prompt_logprobs: dict[int, tuple[int, list[float], list[dict[int, float]] | None]] = field(default_factory=dict)
 
 
 def _pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -194,6 +195,12 @@ class ModelRunner:
             for chunk, first_target, count in prompt_rows:
                 lps = torch.log_softmax(logits[row:row + count], dim=-1)  # [count, V]
                 targets = torch.tensor(chunk.seq.token_ids[first_target:first_target + count], device=lps.device)
-                out.prompt_logprobs[chunk.seq.seq_id] = (first_target, lps.gather(1, targets[:, None])[:, 0].tolist())
+                k = chunk.seq.params.prompt_logprobs
+                tops = None
+                if k:
+                    values, idx = torch.topk(lps, k, dim=-1)  # [count, k]
+                    tops = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), values.tolist(), strict=True)]
+                own = lps.gather(1, targets[:, None])[:, 0].tolist()
+                out.prompt_logprobs[chunk.seq.seq_id] = (first_target, own, tops)
                 row += count
         return out

@@ -39,7 +39,8 @@ class RequestOutput:
     prompt_token_ids: list[int]  # expanded media placeholders included
     outputs: list[CompletionOutput]
     finished: bool
-    prompt_logprobs: list[float | None] | None = None
+    prompt_logprobs: list[float | None] | None = None  # each prompt token's own logprob (first: None)
+    prompt_top_logprobs: list[dict[int, float] | None] | None = None  # top-k when prompt_logprobs=k > 0
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -81,7 +82,9 @@ def make_output(group: SequenceGroup, prompt_token_ids: list[int], prompt: str |
             top_logprobs=list(seq.top_logprobs) if p.logprobs else None,
             cumulative_logprob=float(sum(seq.logprobs))))
     first = group.seqs[0]
+    scored = first.params.prompt_logprobs is not None
     return RequestOutput(
         request_id=group.request_id, prompt=prompt, prompt_token_ids=list(prompt_token_ids), outputs=outs,
-        finished=group.finished, prompt_logprobs=list(first.prompt_logprobs) if first.params.prompt_logprobs
-        is not None else None, metrics=metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs))
+        finished=group.finished, prompt_logprobs=list(first.prompt_logprobs) if scored else None,
+        prompt_top_logprobs=list(first.prompt_top_logprobs) if first.params.prompt_logprobs else None,
+        metrics=metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs))

@@ -57,7 +57,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.logprobs: list[float] = []
         self.top_logprobs: list[dict[int, float]] = []
-        self.prompt_logprobs: list[float | None] = []
+        self.prompt_logprobs: list[float | None] = []  # None for the first token
+        self.prompt_top_logprobs: list[dict[int, float] | None] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.text = ""

@@ -130,3 +130,9 @@ def test_prompt_logprobs_match_hf(llm):
     ref = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
     assert max(abs(a - b) for a, b in zip(out.prompt_logprobs[1:], ref.tolist(), strict=True)) < 1e-4
+    assert out.prompt_top_logprobs is None
+    top = one(llm, temperature=0.0, max_tokens=2, prompt_logprobs=3)
+    assert top.prompt_top_logprobs[0] is None and len(top.prompt_top_logprobs) == len(ids)
+    best = torch.log_softmax(logits[:-1], -1).max(dim=-1).values
+    for pos, alts in enumerate(top.prompt_top_logprobs[1:]):
+        assert len(alts) == 3 and abs(max(alts.values()) - best[pos].item()) < 1e-4
