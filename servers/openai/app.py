@@ -16,8 +16,11 @@ from servers.openai.generation import ClientGone
 from servers.openai.middleware import ServerMiddleware
 from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from servers.openai.responses import ModelCard, ModelList
+from servers.openai.responses_protocol import ResponsesRequest
+from servers.openai.serving_admin import add_admin_routes
 from servers.openai.serving_chat import create_chat_completion
 from servers.openai.serving_completion import create_completion
+from servers.openai.serving_responses import create_response
 from servers.openai.serving_tokens import detokenize, tokenize
 from servers.openai.state import ServerState
 
@@ -66,10 +69,15 @@ def build_app(state: ServerState) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request):
         return await create_completion(state, req, request)
 
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request):
+        return await create_response(state, req, request)
+
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=state.config.model_name, created=state.created,
-                                         root=state.config.model_dir, max_model_len=state.max_model_len)])
+                                         root=state.config.model_dir, max_model_len=state.max_model_len,
+                                         weight_version=state.weight_version)])
 
     @app.post("/tokenize")
     async def tokenize_route(req: TokenizeRequest):
@@ -91,6 +99,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(state.gauges()), media_type="text/plain; version=0.0.4")
 
+    add_admin_routes(app, state)
     app.add_middleware(ServerMiddleware, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes,
                        metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes))
     return app

@@ -14,6 +14,7 @@ from starlette.types import Send
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from servers.openai.errors import ApiError, from_exception
+from servers.openai.pause import Ticket
 from servers.openai.state import ServerState
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -23,10 +24,14 @@ class ClientGone(Exception):
     """The client went away; its request was aborted and its KV blocks freed."""
 
 
-def check_not_aborted(out: RequestOutput) -> RequestOutput:
-    """An aborted generation is never answered as a normal completion."""
-    if any(c.finish_reason == "abort" for c in out.outputs):
-        raise ApiError(503, "the request was aborted before it finished", type="aborted")
+def aborted_error() -> ApiError:
+    return ApiError(503, "the request was aborted before it finished", type="aborted")
+
+
+def check_not_aborted(out: RequestOutput, ticket: Ticket | None = None) -> RequestOutput:
+    """An aborted generation (by a client, or by a pause in mode "abort") is never answered as a completion."""
+    if any(c.finish_reason == "abort" for c in out.outputs) or (ticket is not None and ticket.aborted):
+        raise aborted_error()
     return out
 
 
@@ -35,19 +40,28 @@ class Generation:
 
     def __init__(self, state: ServerState, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> None:
         self.state = state
+        self.request_id = request_id
         self.started = time.perf_counter()
         self._gen = state.engine.generate(prompt, params, request_id)
         self.first: RequestOutput | None = None
+        self.ticket: Ticket | None = None
         self._closed = False
 
+    def _leave(self) -> None:
+        if self.ticket is not None:
+            self.state.gate.leave(self.ticket)
+
     async def start(self) -> RequestOutput:
-        """Prepare, queue and wait for the first snapshot; bad prompts raise ApiError here."""
+        """Wait while the server is paused, then prepare, queue and wait for the first snapshot; bad prompts
+        raise ApiError here."""
+        self.ticket = await self.state.gate.admit(self.request_id)
         self.state.metrics.running += 1
         try:
             self.first = await self._gen.__anext__()
         except BaseException as exc:
             self.state.metrics.running -= 1
             self._closed = True
+            self._leave()
             await self._gen.aclose()
             if isinstance(exc, (asyncio.CancelledError, StopAsyncIteration)):
                 raise
@@ -55,16 +69,21 @@ class Generation:
         self.state.metrics.first_token(time.perf_counter() - self.started)
         return self.first
 
+    def _unless_paused_away(self, out: RequestOutput) -> RequestOutput:
+        if self.ticket is not None and self.ticket.aborted:
+            raise aborted_error()
+        return out
+
     async def stream(self) -> AsyncIterator[RequestOutput]:
         """Snapshots from the first on; closing this iterator (client gone) aborts the request."""
         assert self.first is not None, "call start() first"
         last = self.first
         try:
-            yield last
+            yield self._unless_paused_away(last)
             if not last.finished:
                 async for out in self._gen:
                     last = out
-                    yield out
+                    yield self._unless_paused_away(out)
         finally:
             await self.aclose(last)
 
@@ -73,6 +92,7 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        self._leave()
         await self._gen.aclose()
         last = last or self.first
         if last is None:
@@ -90,7 +110,7 @@ class Generation:
                 last = out
             return last
 
-        return check_not_aborted(await watch(run(), disconnected))
+        return check_not_aborted(await watch(run(), disconnected), self.ticket)
 
 
 async def watch(coro: Awaitable[RequestOutput], disconnected: Disconnected | None,

@@ -167,3 +167,16 @@ class TokenizeRequest(Strict):
 class DetokenizeRequest(Strict):
     model: str | None = None
     tokens: list[int]
+
+
+class PauseRequest(Strict):
+    """abort: in-flight requests end as 503 errors; wait: they finish first; keep: they freeze until resume."""
+
+    mode: Literal["abort", "wait", "keep"] = "abort"
+
+
+class UpdateWeightsFromDiskRequest(Strict):
+    model_path: str
+    weight_version: int | None = None  # default: the current version + 1
+    bucket_bytes: int | None = Field(default=None, ge=1)
+    abort_all_requests: bool = False  # pause in mode "abort" instead of "wait" (when not paused already)

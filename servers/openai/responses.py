@@ -71,6 +71,7 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    weight_version: int | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -97,6 +98,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
+    weight_version: int | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -124,6 +126,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    weight_version: int | None = None
 
 
 class ModelCard(BaseModel):
@@ -133,11 +136,31 @@ class ModelCard(BaseModel):
     owned_by: str = "mm-infer"
     root: str
     max_model_len: int
+    weight_version: int
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class WeightVersion(BaseModel):
+    weight_version: int
+
+
+class PauseStatus(BaseModel):
+    is_paused: bool
+    mode: Literal["abort", "wait", "keep"] | None = None
+    num_paused_requests: int | None = None  # in flight when the pause began
+
+
+class UpdateWeightsResponse(BaseModel):
+    success: bool = True
+    message: str
+    weight_version: int
+    num_tensors: int
+    num_buckets: int
+    num_paused_requests: int
 
 
 class PlaceholderOut(BaseModel):

@@ -65,7 +65,7 @@ def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOu
         choices=[_choice(state, req, out, c) for c in out.outputs], usage=usage(out),
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
         prompt_logprobs=prompt_logprobs(state, out, req.return_tokens_as_token_ids)
-        if req.prompt_logprobs is not None else None)
+        if req.prompt_logprobs is not None else None, weight_version=state.weight_version)
 
 
 class _Sent:
@@ -108,13 +108,16 @@ def _sse(chunk: ChatCompletionChunk) -> str:
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
                   created: int) -> AsyncIterator[str]:
-    name = state.config.model_name
+    def head() -> dict:
+        return {"id": rid, "created": created, "model": state.config.model_name,
+                "weight_version": state.weight_version}
+
     sent = [_Sent() for _ in range(req.n)]
     last: RequestOutput | None = None
     stream = gen.stream()
     try:
         for i in range(req.n):
-            yield _sse(ChatCompletionChunk(id=rid, created=created, model=name, choices=[
+            yield _sse(ChatCompletionChunk(**head(), choices=[
                 ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
                 prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None))
         async for out in stream:
@@ -125,15 +128,15 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
             choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
                        if not sent[c.index].done and (len(c.token_ids) > sent[c.index].tokens or c.finish_reason)]
             if choices:
-                yield _sse(ChatCompletionChunk(id=rid, created=created, model=name, choices=choices))
+                yield _sse(ChatCompletionChunk(**head(), choices=choices))
     except Exception as exc:  # an engine failure mid-stream becomes an error event, not a cut connection
         err = from_exception(exc)
-        yield sse_error(err.status, err.message)
+        yield sse_error(err.status, err.message, type=err.type)
     finally:
         await stream.aclose()
         await gen.aclose(last)
     if last is not None and req.stream_options is not None and req.stream_options.include_usage and last.finished:
-        yield _sse(ChatCompletionChunk(id=rid, created=created, model=name, choices=[], usage=usage(last)))
+        yield _sse(ChatCompletionChunk(**head(), choices=[], usage=usage(last)))
     yield "data: [DONE]\n\n"
 
 

@@ -75,7 +75,10 @@ def _delta(state: ServerState, req: CompletionRequest, c: CompletionOutput, sent
 
 async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str,
                   created: int) -> AsyncIterator[str]:
-    name = state.config.model_name
+    def head() -> dict:
+        return {"id": rid, "created": created, "model": state.config.model_name,
+                "weight_version": state.weight_version}
+
     sent = [_Sent() for _ in range(len(gens) * req.n)]
     last: dict[int, RequestOutput] = {}
     try:
@@ -87,15 +90,15 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
             choices = [_delta(state, req, c, sent[i * req.n + c.index], i * req.n + c.index) for c in out.outputs
                        if len(c.token_ids) > sent[i * req.n + c.index].tokens or c.finish_reason]
             if choices:
-                chunk = CompletionResponse(id=rid, created=created, model=name, choices=choices)
+                chunk = CompletionResponse(**head(), choices=choices)
                 yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
     except Exception as exc:  # an engine failure mid-stream becomes an error event, not a cut connection
         err = from_exception(exc)
-        yield sse_error(err.status, err.message)
+        yield sse_error(err.status, err.message, type=err.type)
     done = len(last) == len(gens) and all(o.finished for o in last.values())
     if done and req.stream_options is not None and req.stream_options.include_usage:
         totals = [usage(o) for o in last.values()]
-        chunk = CompletionResponse(id=rid, created=created, model=name, choices=[], usage=_sum(totals))
+        chunk = CompletionResponse(**head(), choices=[], usage=_sum(totals))
         yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
     yield "data: [DONE]\n\n"
 
@@ -132,4 +135,4 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise
     choices = [ch for i, out in enumerate(outs) for ch in _choices(state, req, out, i * req.n)]
     return CompletionResponse(id=rid, created=created, model=state.config.model_name, choices=choices,
-                              usage=_sum([usage(o) for o in outs]))
+                              usage=_sum([usage(o) for o in outs]), weight_version=state.weight_version)

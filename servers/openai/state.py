@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mm_infer.engine.async_engine import AsyncEngine
+from mm_infer.engine.engine import LLMEngine
 from mm_infer.media import MediaLimits, MediaProcessor
 from servers.openai.config import ServerConfig
 from servers.openai.fetch import MediaFetcher
 from servers.openai.media_inputs import MediaResolver
 from servers.openai.metrics import Metrics
 from servers.openai.parsers import OutputParser, build_output_parser
+from servers.openai.pause import PauseGate, SteppingSwitch
+from servers.openai.refit import Refitter
 from servers.openai.templating import ChatRenderer
 
 
@@ -23,12 +26,18 @@ class ServerState:
     renderer: ChatRenderer
     resolver: MediaResolver
     parser: OutputParser
+    gate: PauseGate
+    refitter: Refitter
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def tokenizer(self) -> Any:
         return self.engine.engine.tokenizer
+
+    @property
+    def weight_version(self) -> int:
+        return self.refitter.version
 
     @property
     def max_model_len(self) -> int:
@@ -68,8 +77,9 @@ class ServerState:
 def build_state(config: ServerConfig) -> ServerState:
     """Load the engine and wire the tokenizer, media pipeline and parsers to it."""
     options = dict(config.engine_options)
-    engine = AsyncEngine.from_options(config.model_dir, **options)
-    core = engine.engine
+    core = LLMEngine.from_options(config.model_dir, **options)
+    switch = SteppingSwitch(core)
+    engine = AsyncEngine(switch)  # type: ignore[arg-type]  # the switch stands in for the engine it wraps
     ids = core.placeholder_ids
     decode = core.tokenizer.decode
     media_tokens = {kind: decode([ids.vision_start_id, pad, ids.vision_end_id], skip_special_tokens=False)
@@ -77,5 +87,7 @@ def build_state(config: ServerConfig) -> ServerState:
     limits = MediaLimits(max_bytes=config.fetch.max_bytes, max_sampled_frames=config.caps.max_video_frames)
     processor = MediaProcessor(limits=limits)
     resolver = MediaResolver(MediaFetcher(config.fetch), processor, core.media_defaults, config.caps)
+    gate = PauseGate(engine, switch)
     return ServerState(config, engine, ChatRenderer(core.tokenizer, media_tokens), resolver,
-                       build_output_parser(config.reasoning_parser, config.tool_parser))
+                       build_output_parser(config.reasoning_parser, config.tool_parser), gate,
+                       Refitter(engine, gate, core.config.weight_version))

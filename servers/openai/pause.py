@@ -1,0 +1,96 @@
+"""Pause / resume for weight refits: an admission gate, in-flight request tickets, and a freezable engine loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mm_infer.engine.async_engine import AsyncEngine
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+
+class SteppingSwitch:
+    """The LLMEngine as AsyncEngine's loop sees it: while `frozen`, it reports no work, so nothing is stepped.
+
+    Every other attribute is the engine's own (a server-side stand-in until AsyncEngine has pause/resume).
+    """
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.frozen = False
+
+    def has_unfinished(self) -> bool:
+        return not self.frozen and self.core.has_unfinished()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.core, name)
+
+
+@dataclass
+class Ticket:
+    """One admitted engine request; `aborted` once a pause in mode "abort" ended it."""
+
+    request_id: str
+    aborted: bool = False
+
+
+class PauseGate:
+    """New requests pass `admit()` only while running; a pause holds them there (in every mode) until resume()."""
+
+    def __init__(self, engine: AsyncEngine, switch: SteppingSwitch, abort_poll_s: float = 0.02) -> None:
+        self.engine = engine
+        self.switch = switch
+        self.mode: PauseMode | None = None
+        self.abort_poll_s = abort_poll_s
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._inflight: dict[str, Ticket] = {}
+
+    @property
+    def paused(self) -> bool:
+        return self.mode is not None
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    async def admit(self, request_id: str) -> Ticket:
+        """Wait while paused, then register the request as in flight (no await between check and register)."""
+        while not self._open.is_set():
+            await self._open.wait()
+        ticket = Ticket(request_id)
+        self._inflight[request_id] = ticket
+        self._idle.clear()
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        self._inflight.pop(ticket.request_id, None)
+        if not self._inflight:
+            self._idle.set()
+
+    async def pause(self, mode: PauseMode) -> int:
+        """Stop admitting; then abort, await or freeze the in-flight requests. Returns how many there were."""
+        self.mode = mode
+        self._open.clear()
+        count = len(self._inflight)
+        self.switch.frozen = mode == "keep"
+        if mode == "abort":
+            while self._inflight:  # a request still preparing its prompt is aborted once it reaches the engine
+                for ticket in list(self._inflight.values()):
+                    ticket.aborted = True
+                    self.engine.abort(ticket.request_id)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), self.abort_poll_s)
+        elif mode == "wait":
+            await self._idle.wait()
+        return count
+
+    def resume(self) -> None:
+        self.mode = None
+        self.switch.frozen = False
+        self._open.set()

@@ -1,0 +1,132 @@
+"""Pydantic request models for POST /v1/responses: input items (OpenAI names) plus the RL token fields."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+from servers.openai.protocol import InputImagePart, InputVideoPart, Strict
+
+
+class TokenFields(Strict):
+    """An earlier turn's exact ids as the server returned them on its last output item (NeMo RL names)."""
+
+    prompt_token_ids: list[int] | None = None
+    generation_token_ids: list[int] | None = None
+    generation_log_probs: list[float] | None = None
+
+
+class TextItemPart(Strict):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class RefusalPart(Strict):
+    type: Literal["refusal"]
+    refusal: str
+
+
+ItemPart = Annotated[TextItemPart | RefusalPart | InputImagePart | InputVideoPart, Field(discriminator="type")]
+
+
+class MessageItem(TokenFields):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    status: str | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ItemPart]
+
+
+class ReasoningText(Strict):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(TokenFields):
+    type: Literal["reasoning"]
+    id: str | None = None
+    status: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+
+class FunctionCallItem(TokenFields):
+    type: Literal["function_call"]
+    id: str | None = None
+    status: str | None = None
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(Strict):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    status: str | None = None
+    call_id: str
+    output: str
+
+
+def _message_by_default(item: Any) -> Any:
+    """EasyInputMessage ({"role", "content"} without "type") is a message item."""
+    if isinstance(item, dict) and "type" not in item and "role" in item:
+        return {**item, "type": "message"}
+    return item
+
+
+InputItem = Annotated[
+    Annotated[MessageItem | ReasoningItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")],
+    BeforeValidator(_message_by_default)]
+AssistantItem = MessageItem | ReasoningItem | FunctionCallItem
+
+
+class FunctionTool(Strict):
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesRequest(Strict):
+    """OpenAI fields, then the vLLM-style sampling extensions the chat endpoint also takes."""
+
+    model: str | None = None
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    include: list[str] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool = False
+    store: bool | None = None
+    background: bool | None = None
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    truncation: Literal["disabled"] | None = None
+    seed: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    request_id: str | None = None

@@ -1,0 +1,45 @@
+"""RL control routes: pause / resume, weight refits from disk, cache reset, and the weight version."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from servers.openai.protocol import PauseRequest, UpdateWeightsFromDiskRequest
+from servers.openai.responses import PauseStatus, UpdateWeightsResponse, WeightVersion
+from servers.openai.state import ServerState
+
+
+def add_admin_routes(app: FastAPI, state: ServerState) -> None:
+    gate = state.gate
+
+    @app.post("/pause")
+    async def pause(req: PauseRequest | None = None) -> PauseStatus:
+        mode = (req or PauseRequest()).mode
+        count = await gate.pause(mode)
+        return PauseStatus(is_paused=True, mode=mode, num_paused_requests=count)
+
+    @app.post("/resume")
+    async def resume() -> PauseStatus:
+        gate.resume()
+        return PauseStatus(is_paused=False)
+
+    @app.get("/is_paused")
+    async def is_paused() -> PauseStatus:
+        return PauseStatus(is_paused=gate.paused, mode=gate.mode)
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
+        done = await state.refitter.from_disk(req.model_path, req.weight_version, req.bucket_bytes,
+                                              req.abort_all_requests)
+        return UpdateWeightsResponse(message=f"loaded {done.num_tensors} tensors from {req.model_path}",
+                                     weight_version=done.weight_version, num_tensors=done.num_tensors,
+                                     num_buckets=done.num_buckets, num_paused_requests=done.num_paused_requests)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        await state.refitter.reset_caches()
+        return {"success": True}
+
+    @app.get("/weight_version")
+    async def weight_version() -> WeightVersion:
+        return WeightVersion(weight_version=state.weight_version)

@@ -1,0 +1,149 @@
+"""POST /pause in modes abort / wait / keep, and /resume: what happens to in-flight and newly arriving requests."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from server_cases import API_KEY, CKPT
+
+from mm_infer import SamplingParams
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+LONG = 48  # tokens: long enough to be caught in flight on a slow CPU
+PROMPT = "Count slowly:"
+
+
+@pytest.fixture
+def pool():
+    with ThreadPoolExecutor(4) as ex:
+        yield ex
+
+
+def _post(server, path: str, **body) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, headers=AUTH, timeout=120)
+
+
+def _complete(client, max_tokens: int = LONG):
+    return client.completions.create(model="m", prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+                                     extra_body={"min_tokens": max_tokens, "return_token_ids": True})
+
+
+def _generated(server) -> int:
+    return sum(len(s.token_ids) for g in server.state.engine.engine.groups.values() for s in g.seqs)
+
+
+def _until_generating(server, fut: Future, at_least: int = 2) -> None:
+    deadline = time.monotonic() + 60
+    while _generated(server) < at_least:
+        assert not fut.done() and time.monotonic() < deadline, "the request never got going"
+        time.sleep(0.005)
+
+
+def _resume(server) -> None:
+    r = _post(server, "/resume")
+    assert r.status_code == 200 and r.json()["is_paused"] is False
+
+
+def test_abort_ends_in_flight_requests_as_errors_and_holds_new_ones(server, client, pool):
+    running = pool.submit(_complete, client)
+    _until_generating(server, running)
+    r = _post(server, "/pause", mode="abort")
+    try:
+        assert r.status_code == 200 and r.json() == {"is_paused": True, "mode": "abort", "num_paused_requests": 1}
+        with pytest.raises(openai.APIStatusError) as info:
+            running.result(timeout=60)
+        assert info.value.status_code == 503
+        assert server.state.gate.num_inflight == 0 and not server.state.engine.engine.groups
+        waiting = pool.submit(_complete, client, 3)
+        time.sleep(0.3)
+        assert not waiting.done(), "a request arriving while paused must wait for resume"
+        assert httpx.get(f"{server.base_url}/is_paused", headers=AUTH).json()["mode"] == "abort"
+    finally:
+        _resume(server)
+    assert waiting.result(timeout=60).choices[0].finish_reason == "length"
+
+
+def test_abort_ends_a_stream_with_an_error_event(server, pool):
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": LONG, "min_tokens": LONG, "temperature": 0, "stream": True}
+    events: list[str] = []
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, headers=AUTH, timeout=60) as resp:
+        lines = resp.iter_lines()
+        events.append(next(line for line in lines if line.startswith("data:")))
+        paused = pool.submit(_post, server, "/pause", mode="abort")
+        events += [line for line in lines if line.startswith("data:")]
+    try:
+        assert paused.result(timeout=60).json()["num_paused_requests"] == 1
+    finally:
+        _resume(server)
+    error = json.loads(events[-2].removeprefix("data: "))
+    assert error["error"]["code"] == 503 and events[-1] == "data: [DONE]"
+    assert all(json.loads(e.removeprefix("data: "))["choices"][0].get("finish_reason") != "length"
+               for e in events[:-2])
+
+
+def test_wait_lets_in_flight_requests_finish_first(server, client, llm, pool):
+    running = pool.submit(_complete, client)
+    _until_generating(server, running)
+    r = _post(server, "/pause", mode="wait")
+    try:
+        assert r.status_code == 200 and r.json()["num_paused_requests"] == 1
+        assert not server.state.engine.engine.groups, "pause(wait) returns only once in-flight requests finished"
+        out = running.result(timeout=60)
+        assert out.choices[0].finish_reason == "length"
+        ref = llm.generate({"prompt": PROMPT}, SamplingParams(temperature=0, max_tokens=LONG, min_tokens=LONG),
+                           use_tqdm=False)[0]
+        assert out.choices[0].model_extra["token_ids"] == ref.outputs[0].token_ids
+        waiting = pool.submit(_complete, client, 3)
+        time.sleep(0.3)
+        assert not waiting.done()
+    finally:
+        _resume(server)
+    assert waiting.result(timeout=60).choices[0].finish_reason == "length"
+
+
+def test_keep_freezes_in_flight_requests_until_resume(server, client, llm, pool):
+    running = pool.submit(_complete, client)
+    _until_generating(server, running)
+    r = _post(server, "/pause", mode="keep")
+    try:
+        assert r.status_code == 200 and r.json()["num_paused_requests"] == 1
+        time.sleep(0.1)  # a step already under way may still land
+        frozen = _generated(server)
+        time.sleep(0.4)
+        assert _generated(server) == frozen < LONG, "nothing may be generated while kept"
+        assert not running.done()
+        waiting = pool.submit(_complete, client, 3)
+        time.sleep(0.2)
+        assert not waiting.done()
+    finally:
+        _resume(server)
+    out = running.result(timeout=60)
+    ref = llm.generate({"prompt": PROMPT}, SamplingParams(temperature=0, max_tokens=LONG, min_tokens=LONG),
+                       use_tqdm=False)[0]
+    assert out.choices[0].model_extra["token_ids"] == ref.outputs[0].token_ids  # resumed exactly where it was
+    assert waiting.result(timeout=60).choices[0].finish_reason == "length"
+
+
+def test_refit_while_kept_applies_to_later_requests(server, client, pool):
+    r = _post(server, "/pause", mode="keep")
+    try:
+        version = httpx.get(f"{server.base_url}/weight_version", headers=AUTH).json()["weight_version"]
+        refit = _post(server, "/update_weights_from_disk", model_path=str(CKPT))
+        assert refit.status_code == 200 and refit.json()["weight_version"] == version + 1
+        assert httpx.get(f"{server.base_url}/is_paused", headers=AUTH).json()["is_paused"] is True
+    finally:
+        _resume(server)
+    assert r.status_code == 200
+    out = _complete(client, 2)
+    assert out.model_extra["weight_version"] == version + 1
+
+
+def test_pause_rejects_unknown_modes(server):
+    assert _post(server, "/pause", mode="later").status_code == 400
+    assert httpx.get(f"{server.base_url}/is_paused", headers=AUTH).json() == {"is_paused": False, "mode": None,
+                                                                               "num_paused_requests": None}
