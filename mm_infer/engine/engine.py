@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from mm_infer.engine.sampling import SamplingParams
 from mm_infer.engine.scheduler import Scheduler
 from mm_infer.engine.sequence import Sequence, SequenceGroup
 from mm_infer.engine.tokenizer import Tokenizer
+from mm_infer.models import load_model
 from mm_infer.prompt.placeholders import PlaceholderIds, PromptError
 
 
@@ -33,34 +33,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-
-
-@contextmanager
-def _no_weight_init() -> Iterator[None]:
-    """Make torch.nn.init a no-op while modules are built: every weight is then loaded (strict) from disk."""
-    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    saved = {n: getattr(torch.nn.init, n) for n in names}
-    try:
-        for n in names:
-            setattr(torch.nn.init, n, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(torch.nn.init, n, fn)
-
-
-def load_model_fast(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
-    """models.load_model without the meta device: meta init and to_empty import torch._dynamo and sympy
-    (seconds of start-up); building uninitialised modules on the target device and filling them is instant."""
-    from mm_infer.models import QwenVLModel, load_config
-    from mm_infer.models.loader import iter_safetensors, load_state_dict_into
-
-    config = load_config(model_dir)
-    with _no_weight_init(), torch.device(device):
-        model = QwenVLModel(config).to(dtype)
-    load_state_dict_into(model, iter_safetensors(model_dir), strict=True)
-    model.requires_grad_(False).eval()
-    return model, config
 
 
 def _max_positions(model_dir: Path) -> int:
@@ -88,7 +60,7 @@ class LLMEngine:
         device = torch.device(config.device if config.device != "auto" else
                               ("cuda" if torch.cuda.is_available() else "cpu"))
         model_dir = Path(config.model_dir)
-        self.model, mcfg = load_model_fast(model_dir, resolve_dtype(config.dtype, device), device)
+        self.model, mcfg = load_model(model_dir, resolve_dtype(config.dtype, device), device)
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_pretrained(model_dir)
         self.placeholder_ids = PlaceholderIds(mcfg.image_token_id, mcfg.video_token_id,
                                               mcfg.vision_start_token_id, mcfg.vision_end_token_id)
