@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mm_infer.engine.engine import LLMEngine
@@ -36,7 +38,7 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        requests = [self.engine.prepare(p) for p in prompts]  # bad input fails before anything is queued
+        requests = self._prepare_all(prompts)  # bad input fails before anything is queued
         ids: list[str] = []
         try:
             for req, p in zip(requests, params, strict=True):
@@ -47,6 +49,14 @@ class LLM:
             self.engine.abort_many(ids)
             raise
         return self._run(ids, use_tqdm)
+
+    def _prepare_all(self, prompts: Sequence[Prompt]) -> list:
+        """Decode media and tokenize every prompt on a thread pool (PIL, PyAV and torch release the GIL)."""
+        workers = min(len(prompts), os.cpu_count() or 1)
+        if workers <= 1:
+            return [self.engine.prepare(p) for p in prompts]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mm-prepare") as pool:
+            return list(pool.map(self.engine.prepare, prompts))
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
