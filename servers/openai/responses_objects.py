@@ -70,11 +70,11 @@ class ResponseObject(BaseModel):
     object: Literal["response"] = "response"
     created_at: int
     model: str
-    status: Literal["completed", "incomplete"]
+    status: Literal["completed", "incomplete", "in_progress", "failed"]
     incomplete_details: dict[str, str] | None = None
     error: dict[str, Any] | None = None
-    output: list[OutputItem]
-    usage: ResponseUsage
+    output: list[OutputItem] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None

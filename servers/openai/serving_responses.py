@@ -7,110 +7,18 @@ import uuid
 
 from fastapi import Request
 
-from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.chat_prompt import build_chat_prompt
-from servers.openai.errors import ApiError
-from servers.openai.generation import Generation
-from servers.openai.parsers import Parsed
-from servers.openai.protocol import ChatCompletionRequest, FunctionDef, Tool
-from servers.openai.responses import TokenLogprob
-from servers.openai.responses_input import to_chat_messages
-from servers.openai.responses_objects import (
-    OutputFunctionCall,
-    OutputItem,
-    OutputMessage,
-    OutputReasoning,
-    OutputText,
-    ReasoningContent,
-    ResponseObject,
-    ResponseUsage,
-)
+from servers.openai.generation import ClosingStreamingResponse, Generation, watch
+from servers.openai.responses_build import finish_response, response_head, to_chat_request
+from servers.openai.responses_objects import ResponseObject
 from servers.openai.responses_protocol import ResponsesRequest
+from servers.openai.responses_stream import response_events
 from servers.openai.sampling import check_tool_choice, to_sampling_params
 from servers.openai.state import ServerState
-from servers.openai.token_fields import chat_logprobs
-
-LOGPROBS_INCLUDE = "message.output_text.logprobs"
-SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "stop", "stop_token_ids",
-                   "skip_special_tokens", "chat_template_kwargs", "mm_processor_kwargs", "request_id", "user")
 
 
-def _check_supported(req: ResponsesRequest) -> None:
-    unsupported = {"stream": req.stream, "previous_response_id": req.previous_response_id,
-                   "background": req.background}
-    for name, value in unsupported.items():
-        if value:
-            raise ApiError(400, f"{name} is not supported by this server's /v1/responses", param=name)
-    if bad := sorted(set(req.include or []) - {LOGPROBS_INCLUDE}):
-        raise ApiError(400, f"include {bad} is not supported; only {LOGPROBS_INCLUDE!r}", param="include")
-    fmt = (req.text or {}).get("format", {"type": "text"})
-    if not isinstance(fmt, dict) or fmt.get("type") != "text":
-        raise ApiError(400, "text.format other than 'text' needs guided decoding, which this server does not do",
-                       param="text")
-    if isinstance(req.tool_choice, dict):
-        raise ApiError(400, "a named tool_choice needs guided decoding, which this server does not do",
-                       param="tool_choice")
-
-
-def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The equivalent chat request: messages from the input items, the same sampling fields."""
-    _check_supported(req)
-    messages = to_chat_messages(req.input, req.instructions)
-    if not messages:
-        raise ApiError(400, "input has no message", param="input")
-    logprobs = LOGPROBS_INCLUDE in (req.include or []) or req.top_logprobs is not None
-    tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.parameters,
-                                       strict=t.strict)) for t in req.tools] if req.tools else None
-    return ChatCompletionRequest(
-        messages=messages, max_tokens=req.max_output_tokens, logprobs=logprobs,
-        top_logprobs=req.top_logprobs if logprobs else None, tools=tools, tool_choice=req.tool_choice,  # type: ignore[arg-type]
-        **{name: getattr(req, name) for name in SAMPLING_FIELDS})
-
-
-def output_items(parsed: Parsed, comp: CompletionOutput, prompt_token_ids: list[int],
-                 logprobs: list[TokenLogprob] | None) -> list[OutputItem]:
-    """reasoning, then message (always one when nothing else), then function calls; ids on the last item."""
-    status = "incomplete" if comp.finish_reason == "length" else "completed"
-    items: list[OutputItem] = []
-    if parsed.reasoning_content:
-        items.append(OutputReasoning(id=f"rs_{uuid.uuid4().hex}", content=[ReasoningContent(
-            text=parsed.reasoning_content)], status=status))
-    if parsed.content or not (items or parsed.tool_calls):
-        items.append(OutputMessage(id=f"msg_{uuid.uuid4().hex}", status=status,
-                                   content=[OutputText(text=parsed.content, logprobs=logprobs)]))
-    items += [OutputFunctionCall(id=f"fc_{c.id.removeprefix('call_')}", call_id=c.id, name=c.name,
-                                 arguments=c.arguments, status=status) for c in parsed.tool_calls]
-    last = items[-1]
-    last.prompt_token_ids = list(prompt_token_ids)
-    last.generation_token_ids = list(comp.token_ids)
-    last.generation_log_probs = list(comp.logprobs)
-    return items
-
-
-def response_object(state: ServerState, req: ResponsesRequest, chat: ChatCompletionRequest, out: RequestOutput,
-                    rid: str, created: int) -> ResponseObject:
-    comp = out.outputs[0]
-    use_tools = bool(chat.tools) and chat.tool_choice != "none"
-    parsed = state.parser.parse(comp.text, True, use_tools) if state.parser.active else Parsed(comp.text)
-    logprobs = chat_logprobs(state, comp, 0, chat.top_logprobs or 0, False) if chat.logprobs else None
-    prompt, generated = len(out.prompt_token_ids), len(comp.token_ids)
-    usage = ResponseUsage(input_tokens=prompt, output_tokens=generated, total_tokens=prompt + generated,
-                          input_tokens_details={"cached_tokens": out.num_cached_tokens},
-                          output_tokens_details={"reasoning_tokens": 0})
-    incomplete = comp.finish_reason == "length"
-    return ResponseObject(
-        id=rid, created_at=created, model=state.config.model_name, status="incomplete" if incomplete else "completed",
-        incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-        output=output_items(parsed, comp, out.prompt_token_ids, logprobs), usage=usage,
-        instructions=req.instructions, max_output_tokens=req.max_output_tokens, temperature=req.temperature,
-        top_p=req.top_p, top_logprobs=req.top_logprobs,
-        tools=[t.model_dump(exclude_none=True) for t in req.tools or []],
-        tool_choice=req.tool_choice or "auto", parallel_tool_calls=req.parallel_tool_calls is not False,
-        metadata=req.metadata, user=req.user, weight_version=state.weight_version)
-
-
-async def create_response(state: ServerState, req: ResponsesRequest, request: Request) -> ResponseObject:
+async def create_response(state: ServerState, req: ResponsesRequest,
+                          request: Request) -> ResponseObject | ClosingStreamingResponse:
     chat = to_chat_request(req)
     check_tool_choice(chat)
     params = to_sampling_params(chat, state.vocab_size)
@@ -118,7 +26,11 @@ async def create_response(state: ServerState, req: ResponsesRequest, request: Re
         state, chat.messages, add_generation_prompt=True, continue_final_message=False,
         chat_template_kwargs=chat.chat_template_kwargs, mm_processor_kwargs=chat.mm_processor_kwargs,
         tools=chat.tools if chat.tool_choice != "none" else None)
-    rid = f"resp_{req.request_id or uuid.uuid4().hex}"
-    created = int(time.time())
-    out = await Generation(state, prompt, params, rid).final(request.is_disconnected)
-    return response_object(state, req, chat, out, rid, created)
+    head = response_head(state, req, f"resp_{req.request_id or uuid.uuid4().hex}", int(time.time()))
+    gen = Generation(state, prompt, params, head.id)
+    if req.stream:
+        await watch(gen.start(), request.is_disconnected)
+        return ClosingStreamingResponse(response_events(state, head, chat, gen.stream()),
+                                        media_type="text/event-stream")
+    out = await gen.final(request.is_disconnected)
+    return finish_response(state, head, chat, out)

@@ -118,7 +118,6 @@ def test_function_call_and_reasoning_items_render_like_chat(client):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"input": "x", "stream": True}, "stream"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include"),
     ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
