@@ -78,5 +78,22 @@ class LLM:
                 bar.close()
         return [done[i] for i in ids]
 
-    def update_weights(self, named_tensors: Any, version: int) -> None:
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> int:
+        """Load (HF name, tensor) pairs in place, either naming layout; bumps and returns weight_version.
+
+        Encoder and prefix caches are invalidated. Pause or finish running requests first: a request
+        already running keeps the KV it computed with the old weights.
+        """
+        version = self.engine.weight_version + 1 if version is None else version
         self.engine.update_weights(named_tensors, version)
+        return version
+
+    def update_weights_from_disk(self, model_dir: str, version: int | None = None) -> int:
+        """update_weights from a folder of *.safetensors files, streamed one tensor at a time."""
+        from mm_infer.models.loader import iter_safetensors
+
+        return self.update_weights(iter_safetensors(model_dir), version)

@@ -204,6 +204,11 @@ class LLMEngine:
         self.encoder_cache.set_weight_version(version)
         self.block_manager.reset_prefix_cache()
 
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights now loaded (the encoder cache keys on it)."""
+        return self.encoder_cache.weight_version
+
     def reset_caches(self) -> None:
         """Forget cached vision embeddings and prefix KV (running requests keep their own blocks)."""
         self.encoder_cache.clear()

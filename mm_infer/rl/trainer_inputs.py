@@ -13,11 +13,12 @@ from mm_infer.engine.request import VLMRequest
 MM_TYPE = {"image": 1, "video": 2}
 
 
-def hf_inputs(request: VLMRequest, completion: Sequence[int], *, image_pad_id: int,
-              video_pad_id: int) -> dict[str, Any]:
+def hf_inputs(request: VLMRequest, completion: Sequence[int], *, image_pad_id: int, video_pad_id: int,
+              second_per_grid_ts: bool = False) -> dict[str, Any]:
     """Keyword arguments for `Qwen2VLForConditionalGeneration.forward` on prompt + completion (batch of 1).
 
-    Carries `mm_token_type_ids`: without it transformers 5 falls back to text-only positions.
+    Carries `mm_token_type_ids`: without it transformers 5 falls back to text-only positions. Set
+    `second_per_grid_ts` for Qwen2.5-VL, whose video positions scale with it (Qwen2-VL refuses the key).
     """
     ids = torch.tensor(request.prompt_token_ids + list(completion), dtype=torch.long)  # [L]
     types = torch.zeros_like(ids)
@@ -32,7 +33,7 @@ def hf_inputs(request: VLMRequest, completion: Sequence[int], *, image_pad_id: i
             kw[pixels_key] = torch.cat([it.pixel_values for it in items])  # [P, 1176]
             kw[grid_key] = torch.tensor([it.grid_thw for it in items])  # [M, 3]
     videos = [it for it in request.items if it.modality == "video"]
-    if videos and videos[0].second_per_grid_t is not None:
+    if second_per_grid_ts and videos:
         kw["second_per_grid_ts"] = torch.tensor([it.second_per_grid_t for it in videos])
     return kw
 

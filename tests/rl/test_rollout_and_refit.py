@@ -139,3 +139,31 @@ def test_aborted_rollout_is_an_error_with_its_partial_output(llm: LLM, monkeypat
     assert all(c.finish_reason == "abort" for c in info.value.partial.outputs)
     monkeypatch.undo()
     assert not engine.has_unfinished()
+
+
+def test_update_weights_from_disk_bumps_version_and_matches_hf(llm: LLM, tmp_path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForImageTextToText
+
+    shutil.copytree(MODEL, tmp_path / "ckpt")
+    weights = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    for name in weights:
+        if "visual" in name or "layers.1." in name:
+            weights[name] = weights[name] + torch.randn(weights[name].shape, generator=gen) * 0.05
+    save_file(weights, str(tmp_path / "ckpt" / "model.safetensors"))
+    prompt = ROWS[2].prompt  # the video row
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    start = llm.weight_version
+    before = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    try:
+        assert llm.update_weights_from_disk(str(tmp_path / "ckpt")) == start + 1 == llm.weight_version
+        after = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids
+        perturbed = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.float32).eval()
+        assert after == _hf_greedy(perturbed, llm, prompt, 6)
+        assert after != before
+    finally:
+        llm.update_weights_from_disk(str(MODEL))
+    assert llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids == before
