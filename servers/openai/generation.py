@@ -45,9 +45,11 @@ class Generation:
         self._gen = state.engine.generate(prompt, params, request_id)
         self.first: RequestOutput | None = None
         self.ticket: Ticket | None = None
+        self.weight_version: int | None = None  # the version when it left the engine (set on close)
         self._closed = False
 
     def _leave(self) -> None:
+        self.weight_version = self.state.weight_version  # before leaving: a refit may wait for this very moment
         if self.ticket is not None:
             self.state.gate.leave(self.ticket)
 

@@ -111,7 +111,7 @@ def response_head(state: ServerState, req: ResponsesRequest, rid: str, created: 
 
 
 def finish_response(state: ServerState, head: ResponseObject, chat: ChatCompletionRequest, out: RequestOutput,
-                    item_ids: ItemIds | None = None) -> ResponseObject:
+                    item_ids: ItemIds | None = None, weight_version: int | None = None) -> ResponseObject:
     """head completed with the output items, usage and status of the finished request."""
     comp = out.outputs[0]
     parsed = parse_output(state, chat, comp.text, True)
@@ -125,4 +125,4 @@ def finish_response(state: ServerState, head: ResponseObject, chat: ChatCompleti
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "output": output_items(parsed, comp, out.prompt_token_ids, logprobs, item_ids), "usage": usage,
-        "weight_version": state.weight_version})
+        "weight_version": state.weight_version if weight_version is None else weight_version})

@@ -126,6 +126,7 @@ async def response_events(state: ServerState, head: ResponseObject, chat: ChatCo
     yield ev("response.created", response=_dump(head))
     yield ev("response.in_progress", response=_dump(head))
     final: RequestOutput | None = None
+    version = state.weight_version
     try:
         async for out in snapshots:
             comp = out.outputs[0]
@@ -134,7 +135,7 @@ async def response_events(state: ServerState, head: ResponseObject, chat: ChatCo
                 yield ev("error", code=str(err.status), message=err.message, param=None)
                 return
             if comp.finish_reason is not None:
-                final = out
+                final, version = out, state.weight_version  # still in flight: no refit can have run yet
                 break
             for event in progress.advance(parse_output(state, chat, visible_text(comp.text, False, chat.stop),
                                                        False)):
@@ -147,7 +148,7 @@ async def response_events(state: ServerState, head: ResponseObject, chat: ChatCo
         await snapshots.aclose()  # type: ignore[attr-defined]
     if final is None:
         return
-    response = finish_response(state, head, chat, final, progress.ids)
+    response = finish_response(state, head, chat, final, progress.ids, version)
     for event in progress.finish(response):
         yield event
     kind = "response.completed" if response.status == "completed" else "response.incomplete"

@@ -59,13 +59,14 @@ def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, 
 
 
 def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, rid: str,
-                  created: int) -> ChatCompletionResponse:
+                  created: int, weight_version: int | None = None) -> ChatCompletionResponse:
     return ChatCompletionResponse(
         id=rid, created=created, model=state.config.model_name,
         choices=[_choice(state, req, out, c) for c in out.outputs], usage=usage(out),
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
         prompt_logprobs=prompt_logprobs(state, out, req.return_tokens_as_token_ids)
-        if req.prompt_logprobs is not None else None, weight_version=state.weight_version)
+        if req.prompt_logprobs is not None else None,
+        weight_version=state.weight_version if weight_version is None else weight_version)
 
 
 class _Sent:
@@ -154,4 +155,4 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         await watch(gen.start(), request.is_disconnected)
         return ClosingStreamingResponse(_chunks(state, req, gen, rid, created), media_type="text/event-stream")
     out = await gen.final(request.is_disconnected)
-    return chat_response(state, req, out, rid, created)
+    return chat_response(state, req, out, rid, created, gen.weight_version)

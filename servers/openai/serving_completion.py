@@ -135,4 +135,5 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise
     choices = [ch for i, out in enumerate(outs) for ch in _choices(state, req, out, i * req.n)]
     return CompletionResponse(id=rid, created=created, model=state.config.model_name, choices=choices,
-                              usage=_sum([usage(o) for o in outs]), weight_version=state.weight_version)
+                              usage=_sum([usage(o) for o in outs]),
+                              weight_version=max(g.weight_version or 0 for g in gens))

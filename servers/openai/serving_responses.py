@@ -33,4 +33,4 @@ async def create_response(state: ServerState, req: ResponsesRequest,
         return ClosingStreamingResponse(response_events(state, head, chat, gen.stream()),
                                         media_type="text/event-stream")
     out = await gen.final(request.is_disconnected)
-    return finish_response(state, head, chat, out)
+    return finish_response(state, head, chat, out, weight_version=gen.weight_version)

@@ -66,7 +66,8 @@ class ServerState:
                 "prefix_cache_hit_tokens": stats["prefix_hit_tokens"],
                 "encoder_cache_hits": stats["encoder_cache_hits"], "encoder_calls": stats["encoder_calls"],
                 "media_cache_hits": media_cache.hits, "media_cache_misses": media_cache.misses,
-                "media_uuid_cache_hits": self.resolver.uuid_hits, "preemptions": stats["preemptions"]}
+                "media_uuid_cache_hits": self.resolver.uuid_hits, "preemptions": stats["preemptions"],
+                "weight_version": self.weight_version, "paused": int(self.gate.paused)}
 
     async def aclose(self) -> None:
         self.engine.shutdown()

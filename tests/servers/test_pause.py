@@ -147,3 +147,22 @@ def test_pause_rejects_unknown_modes(server):
     assert _post(server, "/pause", mode="later").status_code == 400
     assert httpx.get(f"{server.base_url}/is_paused", headers=AUTH).json() == {"is_paused": False, "mode": None,
                                                                                "num_paused_requests": None}
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_refit_while_running_waits_or_aborts_then_resumes(server, client, pool, abort):
+    running = pool.submit(_complete, client)
+    _until_generating(server, running)
+    refit = _post(server, "/update_weights_from_disk", model_path=str(CKPT), abort_all_requests=abort)
+    assert refit.status_code == 200 and refit.json()["num_paused_requests"] == 1
+    assert httpx.get(f"{server.base_url}/is_paused", headers=AUTH).json()["is_paused"] is False
+    if abort:
+        with pytest.raises(openai.APIStatusError) as info:
+            running.result(timeout=60)
+        assert info.value.status_code == 503
+    else:
+        out = running.result(timeout=60)  # finished on the old weights before they changed
+        assert out.choices[0].finish_reason == "length"
+        assert out.model_extra["weight_version"] == refit.json()["weight_version"] - 1
+    metrics = httpx.get(f"{server.base_url}/metrics").text
+    assert f"mm_infer_weight_version {refit.json()['weight_version']}" in metrics and "mm_infer_paused 0" in metrics
