@@ -25,14 +25,17 @@ class RefitResult:
 
 
 class Refitter:
-    """Owns `version`; one refit at a time. Unless the server is paused already, a refit pauses it in mode
+    """One refit at a time; the version is the engine's. Unless the server is paused already, a refit pauses it in mode
     "wait" (running requests finish on the old weights, new ones wait; "abort" on request) and resumes it after."""
 
-    def __init__(self, engine: AsyncEngine, gate: PauseGate, version: int) -> None:
+    def __init__(self, engine: AsyncEngine, gate: PauseGate) -> None:
         self.engine = engine
         self.gate = gate
-        self.version = version
         self._lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self.engine.engine.weight_version
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self.engine._lock:  # AsyncEngine's step lock (no public accessor yet): never mid-step
@@ -59,7 +62,6 @@ class Refitter:
             paused = await self.gate.pause(mode) if pause_here else self.gate.num_inflight
             try:
                 buckets = await asyncio.to_thread(self._apply, entries, new, bucket_bytes or DEFAULT_BUCKET_BYTES)
-                self.version = new
             finally:
                 if pause_here:
                     self.gate.resume()

@@ -91,4 +91,4 @@ def build_state(config: ServerConfig) -> ServerState:
     gate = PauseGate(engine, switch)
     return ServerState(config, engine, ChatRenderer(core.tokenizer, media_tokens), resolver,
                        build_output_parser(config.reasoning_parser, config.tool_parser), gate,
-                       Refitter(engine, gate, core.config.weight_version))
+                       Refitter(engine, gate))
