@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mm_infer.engine.async_engine import AsyncEngine
-from mm_infer.rl.weights import TensorEntry, WeightFileError, plan_refit, read_buckets
+from mm_infer.rl.weights import TensorEntry, plan_refit, read_buckets
 from servers.openai.errors import ApiError
 from servers.openai.pause import PauseGate
 
@@ -54,7 +54,7 @@ class Refitter:
         async with self._lock:
             try:
                 entries = await asyncio.to_thread(plan_refit, model_path, self.engine.engine.model)
-            except (WeightFileError, OSError) as e:
+            except Exception as e:  # missing, unreadable or corrupt files, foreign names, wrong shapes
                 raise ApiError(400, f"cannot refit from {model_path!r}: {e}", param="model_path") from None
             new = self.version + 1 if version is None else version
             pause_here = not self.gate.paused
@@ -63,7 +63,7 @@ class Refitter:
             try:
                 buckets = await asyncio.to_thread(self._apply, entries, new, bucket_bytes or DEFAULT_BUCKET_BYTES)
             finally:
-                if pause_here:
+                if pause_here and self.gate.mode == mode:  # a /pause sent meanwhile outlives the refit
                     self.gate.resume()
             return RefitResult(new, len(entries), buckets, paused)
 

@@ -103,6 +103,8 @@ def test_refit_rejects_bad_directories_without_loading(server, tmp_path):
     assert r.status_code == 400 and "shape" in r.json()["error"]["message"]
     save_file({"not.a.weight": torch.zeros(3)}, str(bad / "model.safetensors"))
     assert _refit(server, bad).status_code == 400
+    (bad / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    assert _refit(server, bad).status_code == 400
     assert _version(server) == version
     norm = server.state.engine.engine.model.language.norm.weight
     assert not torch.all(norm == 7.0), "a rejected directory must load nothing"
@@ -121,3 +123,28 @@ def test_reset_prefix_cache_recomputes_but_changes_nothing(server, client):
 @pytest.mark.parametrize("path", ["/pause", "/resume", "/update_weights_from_disk", "/reset_prefix_cache"])
 def test_control_routes_need_the_api_key(server, path):
     assert httpx.post(f"{server.base_url}{path}", json={}).status_code == 401
+
+
+def test_sharded_checkpoint_is_planned_from_its_index_and_read_in_bounded_buckets(llm, tmp_path):
+    import json
+
+    from mm_infer.rl.weights import plan_refit, read_buckets
+
+    tensors = load_file(str(CKPT / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"a.safetensors": names[: len(names) // 2], "b.safetensors": names[len(names) // 2:]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(tmp_path / file))
+    save_file({"ignored": torch.zeros(1)}, str(tmp_path / "stray.safetensors"))  # not in the index
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    entries = plan_refit(tmp_path, llm.engine.model)
+    assert sorted(e.name for e in entries) == sorted(n for n in names if n != "lm_head.weight" or
+                                                     llm.engine.model.lm_head is not None)
+    limit = 32 * 1024
+    buckets = list(read_buckets(entries, limit))
+    assert [n for b in buckets for n, _ in b] == [e.name for e in entries]
+    for bucket in buckets:
+        size = sum(t.numel() * 4 for _, t in bucket)
+        assert size <= limit or len(bucket) == 1
+        assert all(torch.equal(t, tensors[n]) for n, t in bucket)
