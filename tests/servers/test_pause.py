@@ -166,3 +166,18 @@ def test_refit_while_running_waits_or_aborts_then_resumes(server, client, pool, 
         assert out.model_extra["weight_version"] == refit.json()["weight_version"] - 1
     metrics = httpx.get(f"{server.base_url}/metrics").text
     assert f"mm_infer_weight_version {refit.json()['weight_version']}" in metrics and "mm_infer_paused 0" in metrics
+
+
+def test_a_client_that_gives_up_while_paused_costs_nothing(server):
+    r = _post(server, "/pause", mode="keep")
+    try:
+        assert r.status_code == 200
+        body = {"model": "m", "prompt": PROMPT, "max_tokens": LONG, "min_tokens": LONG}  # would still run below
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.base_url}/v1/completions", json=body, headers=AUTH, timeout=0.5)
+        time.sleep(0.5)  # the server notices the disconnect on its next poll
+    finally:
+        _resume(server)
+    time.sleep(0.3)
+    assert server.state.gate.num_inflight == 0 and not server.state.engine.engine.groups
+    assert server.state.metrics.running == 0

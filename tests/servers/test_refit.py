@@ -19,15 +19,23 @@ QUESTION = "What colour is it?"
 N = 8
 
 
+def _new_layout(name: str) -> str:
+    """transformers 5 names: model.visual.*, model.language_model.* (the tiny checkpoint has the legacy ones)."""
+    if name.startswith("visual."):
+        return f"model.{name}"
+    return name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name
+
+
 def _perturbed_checkpoint(dst: Path) -> Path:
-    """A full copy of the tiny checkpoint whose visual.merger weights moved by N(0, 0.5)."""
+    """A full copy of the tiny checkpoint, saved with the new names, whose visual.merger moved by N(0, 0.5)."""
     shutil.copytree(CKPT, dst)
     tensors = load_file(str(CKPT / "model.safetensors"))
     gen = torch.Generator().manual_seed(0)
     for name in sorted(tensors):
         if name.startswith("visual.merger."):
             tensors[name] = tensors[name] + torch.randn(tensors[name].shape, generator=gen) * 0.5
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    save_file({_new_layout(k): v for k, v in tensors.items()}, str(dst / "model.safetensors"),
+              metadata={"format": "pt"})
     return dst
 
 
