@@ -143,8 +143,13 @@ def test_refit_while_kept_applies_to_later_requests(server, client, pool):
     assert out.model_extra["weight_version"] == version + 1
 
 
-def test_pause_rejects_unknown_modes(server):
+def test_pause_rejects_unknown_modes_and_defaults_to_abort(server):
     assert _post(server, "/pause", mode="later").status_code == 400
+    try:
+        bare = httpx.post(f"{server.base_url}/pause", headers=AUTH)  # no body at all
+        assert bare.status_code == 200 and bare.json()["mode"] == "abort"
+    finally:
+        _resume(server)
     assert httpx.get(f"{server.base_url}/is_paused", headers=AUTH).json() == {"is_paused": False, "mode": None,
                                                                                "num_paused_requests": None}
 
