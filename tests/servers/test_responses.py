@@ -128,3 +128,18 @@ def test_function_call_and_reasoning_items_render_like_chat(client):
 def test_unsupported_fields_are_400(server, body, param):
     r = httpx.post(f"{server.base_url}/v1/responses", json={"model": "m", **body}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_input_video_renders_like_chat(client):
+    url = data_url(MEDIA / "videos" / "odd7_h264_2fps.mp4", "video/mp4")
+    kw = {"mm_processor_kwargs": {"video_max_pixels": SMALL, "max_pixels": SMALL}}
+    r = respond(client, [{"role": "user", "content": [{"type": "input_video", "video_url": url},
+                                                      {"type": "input_text", "text": "what happens?"}]}],
+                n=2, extra_body=kw)
+    chat = client.chat.completions.create(
+        model="m", max_tokens=2, temperature=0.0, extra_body={**kw, "return_token_ids": True},
+        messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                               {"type": "text", "text": "what happens?"}]}])
+    prompt, generated, _ = ids_of(r)
+    assert prompt.count(3007) > 1  # the video placeholder is expanded
+    assert prompt == chat.model_extra["prompt_token_ids"] and generated == chat.choices[0].model_extra["token_ids"]
