@@ -92,8 +92,14 @@ class LLM:
         self.engine.update_weights(named_tensors, version)
         return version
 
-    def update_weights_from_disk(self, model_dir: str, version: int | None = None) -> int:
-        """update_weights from a folder of *.safetensors files, streamed one tensor at a time."""
-        from mm_infer.models.loader import iter_safetensors
+    def update_weights_from_disk(self, model_dir: str, version: int | None = None,
+                                 bucket_bytes: int = 256 * 1024 * 1024) -> int:
+        """update_weights from a safetensors folder (sharded or not): every name and shape is checked from
+        the file headers first (WeightFileError, nothing loaded), then tensors are read in byte-bounded buckets."""
+        from mm_infer.rl.weights import plan_refit, read_buckets
 
-        return self.update_weights(iter_safetensors(model_dir), version)
+        entries = plan_refit(model_dir, self.engine.model)
+        version = self.engine.weight_version + 1 if version is None else version
+        for bucket in read_buckets(entries, bucket_bytes):
+            self.engine.update_weights(bucket, version)
+        return version

@@ -167,3 +167,13 @@ def test_update_weights_from_disk_bumps_version_and_matches_hf(llm: LLM, tmp_pat
     finally:
         llm.update_weights_from_disk(str(MODEL))
     assert llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids == before
+    from mm_infer.rl.weights import WeightFileError
+
+    del weights["lm_head.weight"]
+    weights["model.layers.0.mlp.gate_proj.weight"] = torch.zeros(3, 3)
+    save_file(weights, str(tmp_path / "ckpt" / "model.safetensors"))
+    version = llm.weight_version
+    with pytest.raises(WeightFileError, match="gate_proj"):
+        llm.update_weights_from_disk(str(tmp_path / "ckpt"))
+    assert llm.weight_version == version  # checked before anything was loaded
+    assert llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids == before
