@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import SamplingParams
+
+T = TypeVar("T")
 
 
 class AsyncEngine:
@@ -62,6 +64,16 @@ class AsyncEngine:
                 self._streams.pop(request_id, None)
             self.engine.abort(request_id)
         self._wake.set()
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the stepping thread runs (False after shutdown or if it died)."""
+        return self._thread.is_alive() and not self._stop
+
+    def run_locked(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run fn(*args) under the step lock: never in the middle of a step (weight refits, cache resets)."""
+        with self._lock:
+            return fn(*args)
 
     def _deliver(self, rid: str, item: Any, last: bool) -> None:
         stream = self._streams.pop(rid, None) if last else self._streams.get(rid)

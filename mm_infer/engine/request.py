@@ -42,7 +42,7 @@ class VLMRequest:
         return [it.pixel_values.shape[0] for it in self.items]
 
 
-def _flat_ids(obj: Any) -> list[int]:
+def flat_token_ids(obj: Any) -> list[int]:
     """Token ids from any apply_chat_template/tokenizer return shape: list, nested list, dict, tensor."""
     if isinstance(obj, Mapping) or hasattr(obj, "keys"):
         if "input_ids" not in obj:
@@ -70,10 +70,10 @@ def render_prompt(tokenizer: Any, *, prompt: str | None = None, prompt_token_ids
     if prompt_token_ids is not None:
         ids = [int(t) for t in prompt_token_ids]
     elif prompt is not None:
-        ids = _flat_ids(tokenizer.encode(prompt))
+        ids = flat_token_ids(tokenizer.encode(prompt))
     else:
         kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {})}
-        ids = _flat_ids(tokenizer.apply_chat_template(list(messages), tokenize=True, **kwargs))
+        ids = flat_token_ids(tokenizer.apply_chat_template(list(messages), tokenize=True, **kwargs))
     if not ids:
         raise PromptError("the prompt is empty")
     return ids

@@ -38,8 +38,7 @@ class Refitter:
         return self.engine.engine.weight_version
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
-        with self.engine._lock:  # AsyncEngine's step lock (no public accessor yet): never mid-step
-            return fn(*args)
+        return self.engine.run_locked(fn, *args)  # never in the middle of an engine step
 
     def _apply(self, entries: list[TensorEntry], version: int, bucket_bytes: int) -> int:
         buckets = 0

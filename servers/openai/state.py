@@ -49,8 +49,7 @@ class ServerState:
 
     @property
     def engine_alive(self) -> bool:
-        thread = getattr(self.engine, "_thread", None)  # AsyncEngine's stepping thread (no public accessor yet)
-        return thread is None or thread.is_alive()
+        return self.engine.is_alive
 
     def token_str(self, token_id: int, as_id: bool) -> str:
         return f"token_id:{token_id}" if as_id else self.tokenizer.decode([token_id], skip_special_tokens=False)

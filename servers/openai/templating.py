@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mm_infer.engine.request import _flat_ids  # reads every apply_chat_template / encode return shape
+from mm_infer.engine.request import flat_token_ids  # reads every apply_chat_template / encode return shape
 from servers.openai.errors import ApiError
 
 RESERVED_KWARGS = {"messages", "add_generation_prompt", "continue_final_message", "tokenize", "tools"}
@@ -74,7 +74,7 @@ class ChatRenderer:
         return str(text)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return _flat_ids(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return flat_token_ids(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> list[int]:
         """Token ids of the rendered conversation (media placeholders not yet expanded)."""

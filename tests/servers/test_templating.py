@@ -81,11 +81,12 @@ def test_every_return_shape(tok, shape):
 def test_transformers_tokenizer_renders_the_same_ids(tok):
     from transformers import AutoTokenizer
 
-    from mm_infer.engine.request import _flat_ids
+    from mm_infer.engine.request import flat_token_ids
 
     hf = AutoTokenizer.from_pretrained(CKPT)
     convo = CONVO + [{"role": "user", "content": "again"}]
     ours = ChatRenderer(tok, MEDIA_TOKENS).render(convo)
     assert ChatRenderer(hf, MEDIA_TOKENS).render(convo) == ours
-    assert _flat_ids(hf.apply_chat_template(convo, tokenize=True, add_generation_prompt=True)) == ours  # BatchEncoding
+    batch_encoding = hf.apply_chat_template(convo, tokenize=True, add_generation_prompt=True)
+    assert flat_token_ids(batch_encoding) == ours
     assert ChatRenderer(hf, MEDIA_TOKENS).eos_text == "<|im_end|>"
