@@ -1,5 +1,6 @@
 """RL integration: one rollout pipeline with token-exact records, and trainer-side helpers."""
 
+from mm_infer.rl.multiturn import Trajectory, Turn, generate_multiturn
 from mm_infer.rl.rollout import (
                                  RolloutAbortedError,
                                  RolloutGroup,
@@ -8,7 +9,10 @@ from mm_infer.rl.rollout import (
                                  generate_rollouts,
                                  group_advantages,
 )
-from mm_infer.rl.trainer_inputs import completion_logprobs, hf_inputs, token_mult_prob_error
+from mm_infer.rl.trainer_inputs import completion_logprobs, hf_inputs, masked_logprobs, token_mult_prob_error
 
-__all__ = ["RolloutAbortedError", "RolloutGroup", "RolloutRow", "RolloutSample", "generate_rollouts",
-           "completion_logprobs", "group_advantages", "hf_inputs", "token_mult_prob_error"]
+__all__ = [
+    "RolloutAbortedError", "RolloutGroup", "RolloutRow", "RolloutSample", "Trajectory", "Turn",
+    "completion_logprobs", "generate_multiturn", "generate_rollouts", "group_advantages", "hf_inputs",
+    "masked_logprobs", "token_mult_prob_error",
+]

@@ -83,7 +83,8 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]
     return ((r - r.mean()) / (std + eps)).tolist()
 
 
-def _run(engine: LLMEngine, request_ids: list[str]) -> dict[str, RequestOutput]:
+def run_to_completion(engine: LLMEngine, request_ids: list[str]) -> dict[str, RequestOutput]:
+    """Step the engine until every listed request has finished; their final outputs by id."""
     done: dict[str, RequestOutput] = {}
     wanted = set(request_ids)
     while len(done) < len(request_ids) and engine.has_unfinished():
@@ -105,7 +106,7 @@ def generate_rollouts(engine: LLMEngine, rows: Sequence[RolloutRow], reward_fn: 
     try:
         for rid, req in zip(ids, requests, strict=True):
             engine.add_request(rid, req, params)
-        outputs = _run(engine, ids)
+        outputs = run_to_completion(engine, ids)
     except BaseException:
         engine.abort_many(ids)
         raise

@@ -45,6 +45,14 @@ def completion_logprobs(logits: Tensor, token_ids: Sequence[int]) -> Tensor:
     return logp.gather(1, torch.tensor(token_ids)[:, None]).squeeze(1)  # [G]
 
 
+def masked_logprobs(logits: Tensor, token_ids: Sequence[int], mask: Sequence[int]) -> Tensor:
+    """logits [1, L, V] over token_ids [L] -> float32 logprobs of the tokens where mask is 1 (mask[0] must be 0)."""
+    ids = torch.tensor(token_ids)
+    where = torch.tensor(mask, dtype=torch.bool).nonzero().squeeze(1)  # [M] positions of model tokens
+    logp = torch.log_softmax(logits[0, where - 1].float(), dim=-1)  # [M, V]: each predicted by the previous row
+    return logp.gather(1, ids[where][:, None]).squeeze(1)  # [M]
+
+
 def token_mult_prob_error(rollout: Sequence[Tensor | Sequence[float]], trainer: Sequence[Tensor]) -> float:
     """Mean over all tokens of exp(|rollout logprob - trainer logprob|); 1.0 means identical."""
     diffs = [(torch.as_tensor(r, dtype=torch.float64) - t.double()).abs() for r, t in zip(rollout, trainer,
