@@ -14,26 +14,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
-from make_tiny_checkpoint import PRESETS, SPECIAL_TOKENS, build_hf_config, write_processor_files, write_tokenizer_files  # noqa: E402
+from make_tiny_checkpoint import (  # noqa: E402
+    PRESETS,
+    SPECIAL_TOKENS,
+    build_hf_config,
+    random_state_dict,
+    write_processor_files,
+    write_tokenizer_files,
+)
 
 from mm_infer.data import TASKS, ChatEncoder, make_sample  # noqa: E402
 from mm_infer.data.batching import collate  # noqa: E402
 
-TASK_WEIGHTS = {"colour": 0.2, "shape": 0.2, "count": 0.3, "direction": 0.3}
+TASK_WEIGHTS = {"colour": 0.1, "shape": 0.3, "count": 0.3, "direction": 0.3}
 BASE_TOKENIZER = REPO / "assets" / "models" / "tiny-qwen2-vl" / "tokenizer.json"
 
 
@@ -62,6 +68,22 @@ def legacy_name(name: str) -> str:
     return name
 
 
+def hf_name(name: str) -> str:
+    """Inverse of legacy_name."""
+    if name.startswith("visual."):
+        return "model." + name
+    if name.startswith("model."):
+        return "model.language_model." + name[len("model."):]
+    return name
+
+
+def init_weights(model: torch.nn.Module, preset: str, vocab_size: int, seed: int) -> None:
+    """make_tiny_checkpoint's seeded init (matrices N(0, 0.05)): wider than HF's 0.02, so the tiny vision
+    tower's MLPs start out non-linear and shape/motion features are learnt far sooner."""
+    state = {hf_name(k): v for k, v in random_state_dict(PRESETS[preset], vocab_size, seed).items()}
+    model.load_state_dict(state, strict=True)
+
+
 def save_weights(model: torch.nn.Module, out: Path) -> float:
     tensors = {legacy_name(k): v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -71,25 +93,30 @@ def save_weights(model: torch.nn.Module, out: Path) -> float:
 class TrainBatches(torch.utils.data.IterableDataset):
     """Collated training batches, step by step; each step's tasks and samples depend only on (seed, step)."""
 
-    def __init__(self, model_dir: Path, seed: int, steps: int, batch_size: int) -> None:
+    def __init__(self, model_dir: Path, seed: int, steps: int, batch_size: int, weights: dict[str, float]) -> None:
         self.model_dir, self.seed, self.steps, self.batch_size = model_dir, seed, steps, batch_size
+        self.weights = weights
 
     def __iter__(self):
         torch.set_num_threads(1)
         enc = ChatEncoder.from_dir(self.model_dir)
         for step in range(self.steps):
             rng = np.random.default_rng([self.seed, step])
-            tasks = rng.choice(list(TASK_WEIGHTS), size=self.batch_size, p=list(TASK_WEIGHTS.values()))
+            probs = np.asarray(list(self.weights.values())) / sum(self.weights.values())
+            tasks = rng.choice(list(self.weights), size=self.batch_size, p=probs)
             examples = [enc.encode(make_sample(self.seed, step * self.batch_size + j, str(t)))
                         for j, t in enumerate(tasks)]
             yield collate(examples, enc.tokenizer.pad_token_id)
 
 
-def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+def lr_at(step: int, steps: int, peak: float, warmup: int, decay_frac: float = 0.3) -> float:
+    """Warmup, constant, then a linear decay to 5% over the last `decay_frac` of the steps."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+    decay_start = int(steps * (1 - decay_frac))
+    if step < decay_start:
+        return peak
+    return peak * (1 - 0.95 * (step - decay_start) / max(1, steps - decay_start))
 
 
 def answer_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,13 +154,19 @@ def train(args: argparse.Namespace) -> None:
     write_skeleton(args.out, args.preset)
     enc = ChatEncoder.from_dir(args.out)
     model = Qwen2VLForConditionalGeneration(Qwen2VLConfig.from_pretrained(str(args.out))).float().train()
+    if args.init_from is not None:
+        state = load_file(str(args.init_from / "model.safetensors"))
+        model.load_state_dict({hf_name(k): v for k, v in state.items()}, strict=True)
+        print(f"continuing from {args.init_from}", flush=True)
+    elif args.init == "tiny":
+        init_weights(model, args.preset, model.get_input_embeddings().num_embeddings, args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M params; {args.steps} steps x {args.batch_size} samples", flush=True)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
-    batches = TrainBatches(args.out, args.seed, args.steps, args.batch_size)
+    batches = TrainBatches(args.out, args.seed, args.steps, args.batch_size, args.task_weights)
     loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=1, prefetch_factor=4)
     start, running = time.perf_counter(), 0.0
     for step, batch in enumerate(loader):
@@ -158,19 +191,31 @@ def train(args: argparse.Namespace) -> None:
     print(f"trained in {time.perf_counter() - start:.0f}s; wrote {args.out} ({size:.2f} MiB weights)")
 
 
+def parse_weights(text: str) -> dict[str, float]:
+    weights = {k: float(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    if unknown := set(weights) - set(TASKS):
+        raise argparse.ArgumentTypeError(f"unknown tasks {sorted(unknown)}")
+    return weights
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "assets" / "models" / "tiny-shapes-vl")
     p.add_argument("--preset", default="tiny-qwen2-vl", choices=["tiny-qwen2-vl"])
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--init-from", type=Path, help="start from this checkpoint's weights (a second stage)")
+    p.add_argument("--task-weights", type=parse_weights, default=dict(TASK_WEIGHTS),
+                   help="e.g. colour=0.1,shape=0.3,count=0.3,direction=0.3")
+    p.add_argument("--init", choices=["tiny", "hf"], default="tiny",
+                   help="tiny: make_tiny_checkpoint's N(0, 0.05) init; hf: transformers' N(0, 0.02)")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the trainer; batches are built in one worker process alongside")
-    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=250, help="0 disables the in-training held-out check")
     p.add_argument("--eval-per-task", type=int, default=32)
     train(p.parse_args())

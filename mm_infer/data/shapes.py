@@ -27,9 +27,9 @@ class Shape:
 
 def background(rng: np.random.Generator, size: int) -> np.ndarray:
     """uint8 [size, size, 3]: a light, slightly tinted plain colour, sometimes with mild Gaussian noise."""
-    base = rng.uniform(150, 245) + rng.uniform(-10, 10, size=3)  # [3]
+    base = rng.uniform(170, 245) + rng.uniform(-8, 8, size=3)  # [3]
     img = np.broadcast_to(base, (size, size, 3)).astype(np.float64)
-    noise_std = rng.choice([0.0, 0.0, 4.0, 8.0])
+    noise_std = rng.choice([0.0, 0.0, 3.0, 6.0])
     if noise_std > 0:
         img = img + rng.normal(0.0, noise_std, size=img.shape)
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)

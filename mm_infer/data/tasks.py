@@ -39,16 +39,17 @@ class Sample:
 
 def _single(rng: np.random.Generator, size: int) -> tuple[np.ndarray, Shape]:
     kind, colour = SHAPES[rng.integers(len(SHAPES))], list(COLOURS)[rng.integers(len(COLOURS))]
-    r = float(rng.uniform(11, 19))
+    r = float(rng.uniform(18, 30))
     (x, y), = place(rng, size, [r])
     shape = Shape(kind, colour, x, y, r)
     return draw(background(rng, size), [shape], [jittered_colour(rng, colour)]), shape
 
 
 def _count(rng: np.random.Generator, size: int) -> tuple[np.ndarray, str]:
-    n = int(rng.integers(1, MAX_COUNT + 1))
-    radii = [float(rng.uniform(8, 13)) for _ in range(n)]
-    shapes = [Shape(SHAPES[rng.integers(len(SHAPES))], list(COLOURS)[rng.integers(len(COLOURS))], x, y, r)
+    """1..MAX_COUNT shapes of one kind and near-equal size (so a tiny model can count by area), any colours."""
+    n, kind = int(rng.integers(1, MAX_COUNT + 1)), SHAPES[rng.integers(len(SHAPES))]
+    radii = [float(rng.uniform(10, 12)) for _ in range(n)]
+    shapes = [Shape(kind, list(COLOURS)[rng.integers(len(COLOURS))], x, y, r)
               for (x, y), r in zip(place(rng, size, radii), radii, strict=True)]
     return draw(background(rng, size), shapes, [jittered_colour(rng, s.colour) for s in shapes]), str(n)
 
@@ -57,7 +58,7 @@ def _direction(rng: np.random.Generator, size: int, frames: int) -> tuple[np.nda
     """A shape moving a fixed step per frame in one of four directions over a static background."""
     name = list(DIRECTIONS)[rng.integers(len(DIRECTIONS))]
     dx, dy = DIRECTIONS[name]
-    r, step = float(rng.uniform(10, 15)), float(rng.uniform(8, 12))
+    r, step = float(rng.uniform(12, 18)), float(rng.uniform(8, 12))
     travel = step * (frames - 1)
     lo, hi = r + 2, size - r - 2
     x0 = rng.uniform(lo + max(0.0, -dx * travel), hi - max(0.0, dx * travel))
