@@ -92,14 +92,14 @@ def normalization_lut(backend: Backend, spec: PatchSpec = DEFAULT_SPEC) -> np.nd
 
 def frames_to_rows(frames: torch.Tensor, backend: Backend,
                    spec: PatchSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """uint8 [T, 3, H, W] -> (float32 rows [patches, 3*tp*p*p], grid): patchify the bytes, then gather.
+    """uint8 [T, 3, H, W] -> (float32 rows [patches, 3*tp*p*p], grid): table lookup per colour plane, then patchify.
 
-    Equal to `patchify(normalize(frames))` bit for bit; moving uint8 before floats is ~4x less traffic.
+    Equal to `patchify(normalize(frames))` bit for bit; the lookup replaces 2-4 float passes with one gather
+    over contiguous planes.
     """
-    rows_u8, grid = patchify(frames, spec)  # [P, 3*tp*p*p] uint8
     lut = normalization_lut(backend, spec)
-    src = rows_u8.numpy().reshape(rows_u8.shape[0], 3, -1)  # [P, 3, tp*p*p]
+    src = np.ascontiguousarray(frames.numpy())  # [T, 3, H, W] uint8
     out = np.empty(src.shape, dtype=np.float32)
     for c in range(3):
         np.take(lut[c], src[:, c], out=out[:, c], mode="clip")
-    return torch.from_numpy(out.reshape(rows_u8.shape)), grid
+    return patchify(torch.from_numpy(out), spec)
