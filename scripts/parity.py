@@ -1,0 +1,304 @@
+"""Parity harness: one fixed, seeded multimodal chat suite sent to two OpenAI-compatible servers, compared by token.
+
+Usage:
+  python scripts/parity.py --a http://127.0.0.1:8000 --b http://127.0.0.1:8001 --out report.json
+  python scripts/parity.py --a http://127.0.0.1:8000 --start-hf assets/models/tiny-qwen2-vl   # b: HF reference
+
+Greedy requests with logprobs and `return_token_ids`; suites image, video (rejections are recorded) and multiturn
+(turn 2 carries turn 1's assistant message, with its token ids when the server gave them). Reported per turn and
+in aggregate: prompt ids agreement, exact match of generated ids (text when a side gives no ids), first
+divergence, max |dlogprob| and token_mult_prob_error (mean exp|dlogprob|) over the agreeing prefix. Summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mm_infer.data import make_sample  # noqa: E402
+from mm_infer.data.media_urls import image_url, video_url  # noqa: E402
+
+SUITES = ("image", "video", "multiturn")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conversation: user turns (content parts), each answered with its own max_tokens."""
+
+    name: str
+    suite: str
+    turns: list[list[dict[str, Any]]]
+    max_tokens: list[int]
+
+
+def _image(seed: int, index: int, task: str) -> tuple[dict[str, Any], str]:
+    s = make_sample(seed, index, task)
+    return {"type": "image_url", "image_url": {"url": image_url(s.media)}}, s.question
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def build_suite(suites: list[str], seed: int = 0) -> list[Case]:
+    """The fixed suite for a seed: same media, questions and max_tokens on every run."""
+    cases: list[Case] = []
+    if "image" in suites:
+        for i, (task, n) in enumerate((("colour", 8), ("shape", 16), ("count", 4))):
+            part, q = _image(seed, i, task)
+            cases.append(Case(f"image-{task}", "image", [[part, _text(q)]], [n]))
+        (p1, _), (p2, _) = _image(seed, 3, "count"), _image(seed, 4, "shape")
+        cases.append(Case("image-pair", "image", [[p1, p2, _text("Which image has more shapes?")]], [12]))
+    if "video" in suites:
+        v = make_sample(seed, 5, "direction")
+        part = {"type": "video_url", "video_url": {"url": video_url(v.media)}}
+        cases.append(Case("video-direction", "video", [[part, _text(v.question)]], [8]))
+        img, _ = _image(seed, 6, "colour")
+        cases.append(Case("video-and-image", "video", [[img, part, _text("Describe both.")]], [12]))
+    if "multiturn" in suites:
+        part, q = _image(seed, 7, "colour")
+        cases.append(Case("multiturn-image", "multiturn", [[part, _text(q)], [_text("What shape is it?")]], [6, 8]))
+    return cases
+
+
+@dataclass
+class Reply:
+    """What one server answered for one turn (None where it gave no such field)."""
+
+    text: str = ""
+    prompt_ids: list[int] | None = None
+    gen_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    tokens: list[str] | None = None
+    finish_reason: str | None = None
+    message: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    retried_without_ids: bool = False
+
+
+def parse_reply(body: dict[str, Any]) -> Reply:
+    choice = body["choices"][0]
+    msg = choice.get("message") or {}
+    content = (choice.get("logprobs") or {}).get("content")
+    ids = choice.get("token_ids", msg.get("generation_token_ids"))
+    return Reply(text=msg.get("content") or "", prompt_ids=body.get("prompt_token_ids", msg.get("prompt_token_ids")),
+                 gen_ids=ids, logprobs=[c["logprob"] for c in content] if content is not None else None,
+                 tokens=[c["token"] for c in content] if content is not None else None,
+                 finish_reason=choice.get("finish_reason"), message=msg)
+
+
+class Side:
+    """One OpenAI-compatible endpoint."""
+
+    def __init__(self, url: str, model: str | None, api_key: str | None, top_logprobs: int, timeout: float) -> None:
+        self.url = url.rstrip("/").removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.model = model or self.http.get("/v1/models").raise_for_status().json()["data"][0]["id"]
+        self.top_logprobs = top_logprobs
+
+    def chat(self, messages: list[dict[str, Any]], max_tokens: int) -> Reply:
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+                "logprobs": True, "top_logprobs": self.top_logprobs, "return_token_ids": True}
+        resp = self.http.post("/v1/chat/completions", json=body)
+        if retried := resp.status_code == 400 and "return_token_ids" in resp.text:  # refuses the extension
+            resp = self.http.post("/v1/chat/completions", json={k: v for k, v in body.items()
+                                                                  if k != "return_token_ids"})
+        if resp.status_code != 200:
+            return Reply(error=f"HTTP {resp.status_code}: {resp.text[:300]}", retried_without_ids=retried)
+        reply = parse_reply(resp.json())
+        reply.retried_without_ids = retried
+        return reply
+
+
+def carried_message(reply: Reply) -> dict[str, Any]:
+    """The assistant message for the next turn, with the server's token ids when it returned them."""
+    msg: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.message.get("prompt_token_ids") is not None and reply.message.get("generation_token_ids") is not None:
+        msg |= {k: reply.message[k] for k in ("prompt_token_ids", "generation_token_ids")}
+    return msg
+
+
+def carried_prefix(prev: Reply, cur: Reply) -> bool | None:
+    """Whether a later turn's prompt starts with the earlier turn's exact prompt + generated ids."""
+    if cur.prompt_ids is None or prev.prompt_ids is None or prev.gen_ids is None:
+        return None
+    ids = prev.prompt_ids + prev.gen_ids
+    return cur.prompt_ids[:len(ids)] == ids
+
+
+def run_case(side: Side, case: Case) -> list[Reply]:
+    """Each turn sent with the side's own earlier answers; stops at the first error."""
+    messages: list[dict[str, Any]] = []
+    replies: list[Reply] = []
+    for turn, max_tokens in zip(case.turns, case.max_tokens, strict=True):
+        if replies:
+            messages.append(carried_message(replies[-1]))
+        messages.append({"role": "user", "content": turn})
+        replies.append(side.chat(messages, max_tokens))
+        if replies[-1].error:
+            break
+    return replies
+
+
+def first_divergence(a: list[Any], b: list[Any]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(a: Reply, b: Reply) -> dict[str, Any]:
+    """Per-turn metrics; `compare` says whether generated ids or (lacking ids on a side) text were compared."""
+    ids = a.gen_ids is not None and b.gen_ids is not None
+    both_lp = a.logprobs is not None and b.logprobs is not None
+    out: dict[str, Any] = {"compare": "ids" if ids else "text", "logprobs": both_lp,
+                           "prompt_ids_match": a.prompt_ids == b.prompt_ids
+                           if a.prompt_ids is not None and b.prompt_ids is not None else None,
+                           "exact_match": a.gen_ids == b.gen_ids if ids else a.text == b.text,
+                           "len_a": len(a.gen_ids if ids else a.tokens or a.text),
+                           "len_b": len(b.gen_ids if ids else b.tokens or b.text),
+                           "finish_reason": [a.finish_reason, b.finish_reason]}
+    if ids:
+        seq_a, seq_b, unit = a.gen_ids, b.gen_ids, "token"
+    elif both_lp:
+        seq_a, seq_b, unit = a.tokens, b.tokens, "token_str"
+    else:
+        seq_a, seq_b, unit = list(a.text), list(b.text), "char"
+    div = first_divergence(seq_a or [], seq_b or [])
+    out |= {"first_divergence": div, "divergence_unit": unit}
+    if not ids:
+        out["text"] = [a.text, b.text]
+    if both_lp and unit != "char":
+        n = len(seq_a or []) if div is None else div
+        n = min(n, len(a.logprobs or []), len(b.logprobs or []))
+        d = [abs(x - y) for x, y in zip((a.logprobs or [])[:n], (b.logprobs or [])[:n], strict=True)]
+        out |= {"agreeing_tokens": n, "max_dlogprob": max(d, default=0.0),
+                "sum_exp_dlogprob": sum(math.exp(x) for x in d),
+                "token_mult_prob_error": sum(math.exp(x) for x in d) / n if n else None}
+    return out
+
+
+def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [t for r in records for t in r["turns"] if "metrics" in t]
+    m = [t["metrics"] for t in done]
+    prompt = [x["prompt_ids_match"] for x in m if x["prompt_ids_match"] is not None]
+    lp = [x for x in m if "agreeing_tokens" in x]
+    n_lp = sum(x["agreeing_tokens"] for x in lp)
+    return {"turns": len(m), "errors": sum(1 for r in records for t in r["turns"] if "metrics" not in t),
+            "compare": "ids" if m and all(x["compare"] == "ids" for x in m) else "text",
+            "prompt_ids_match": sum(prompt) / len(prompt) if prompt else None,
+            "exact_match": sum(x["exact_match"] for x in m) / len(m) if m else None,
+            "max_dlogprob": max((x["max_dlogprob"] for x in lp), default=None) if lp else None,
+            "token_mult_prob_error": sum(x["sum_exp_dlogprob"] for x in lp) / n_lp if n_lp else None,
+            "agreeing_tokens": n_lp}
+
+
+def notes_for(records: list[dict[str, Any]]) -> list[str]:
+    """Plain-language notes on what a side lacked and what was skipped or rejected."""
+    notes: list[str] = []
+    for side in ("a", "b"):
+        turns = [t[side] for r in records for t in r["turns"] if "error" not in t[side]]
+        if turns and all(t["gen_ids"] is None for t in turns):
+            notes.append(f"{side} returned no token ids: generated outputs compared as text")
+        if turns and all(t["prompt_ids"] is None for t in turns):
+            notes.append(f"{side} returned no prompt token ids: prompt_ids_match not measured")
+        if turns and all(t["logprobs"] is None for t in turns):
+            notes.append(f"{side} returned no logprobs: max_dlogprob and token_mult_prob_error skipped")
+        for r in records:
+            for i, t in enumerate(r["turns"]):
+                if "error" in t[side]:
+                    notes.append(f"{side} rejected {r['name']} turn {i} ({r['suite']}): {t[side]['error'][:120]}")
+    return notes
+
+
+def summary_line(agg: dict[str, Any], notes: list[str]) -> str:
+    f = {k: "n/a" if agg[k] is None else format(agg[k], spec) for k, spec in (
+        ("prompt_ids_match", ".2f"), ("exact_match", ".2f"), ("max_dlogprob", ".1e"), ("token_mult_prob_error", ".6f"))}
+    why = "" if agg["compare"] == "ids" else "(no token ids)"
+    no_lp = "(no logprobs)" if any("no logprobs" in n for n in notes) else ""
+    return (f"compare={agg['compare']}{why} turns={agg['turns']} errors={agg['errors']} "
+            f"prompt_ids_match={f['prompt_ids_match']} exact_match={f['exact_match']} "
+            f"max_dlogprob={f['max_dlogprob']}{no_lp} token_mult_prob_error={f['token_mult_prob_error']}")
+
+
+def _reply_dict(r: Reply) -> dict[str, Any]:
+    if r.error:
+        return {"error": r.error}
+    return {"text": r.text, "prompt_ids": r.prompt_ids, "gen_ids": r.gen_ids, "logprobs": r.logprobs,
+            "finish_reason": r.finish_reason, "retried_without_return_token_ids": r.retried_without_ids}
+
+
+def run_parity(a: Side, b: Side, cases: list[Case]) -> dict[str, Any]:
+    records = []
+    for case in cases:
+        ra, rb = run_case(a, case), run_case(b, case)
+        turns = []
+        for i in range(max(len(ra), len(rb))):
+            x, y = (r[i] if i < len(r) else Reply(error="not sent") for r in (ra, rb))
+            turn: dict[str, Any] = {"a": _reply_dict(x), "b": _reply_dict(y)}
+            if not x.error and not y.error:
+                turn["metrics"] = compare(x, y)
+                for name, replies in (("a", ra), ("b", rb)):
+                    if i > 0 and (ok := carried_prefix(replies[i - 1], replies[i])) is not None:
+                        turn["metrics"][f"{name}_carried_prefix"] = ok
+            turns.append(turn)
+        records.append({"name": case.name, "suite": case.suite, "turns": turns})
+    notes = notes_for(records)
+    agg = aggregate(records)
+    return {"a": {"url": a.url, "model": a.model}, "b": {"url": b.url, "model": b.model}, "aggregate": agg,
+            "notes": notes, "summary": summary_line(agg, notes), "requests": records}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", required=True, help="base URL of server a (with or without /v1)")
+    p.add_argument("--b", help="base URL of server b (or --start-hf)")
+    p.add_argument("--model", help="model name sent to both (default: each server's first /v1/models entry)")
+    p.add_argument("--api-key")
+    p.add_argument("--suite", default=",".join(SUITES), help="comma-separated subset of image,video,multiturn")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-logprobs", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--out", help="write the JSON report here")
+    p.add_argument("--start-hf", metavar="MODEL_DIR", help="start the HF reference server as side b")
+    args = p.parse_args(argv)
+    suites = [s for s in args.suite.split(",") if s]
+    if bad := sorted(set(suites) - set(SUITES)):
+        p.error(f"unknown suites {bad}; choose from {list(SUITES)}")
+    if (args.b is None) == (args.start_hf is None):
+        p.error("give exactly one of --b and --start-hf")
+    args.suites = suites
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.start_hf:
+            from servers.hf_reference.launch import hf_subprocess
+
+            args.b = stack.enter_context(hf_subprocess(args.start_hf))
+        a, b = (Side(u, args.model, args.api_key, args.top_logprobs, args.timeout) for u in (args.a, args.b))
+        report = run_parity(a, b, build_suite(args.suites, args.seed))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    print(report["summary"], flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main()

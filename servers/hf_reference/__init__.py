@@ -1,0 +1,1 @@
+"""A minimal OpenAI-compatible chat server over HF transformers generate: the parity reference for mm-infer."""

@@ -1,0 +1,62 @@
+"""Parity fixtures: two live mm-infer servers, HF reference servers with options, and scripts/parity.py loaded."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from servers.hf_reference.launch import ThreadServer
+from servers.openai.config import ServerConfig
+from servers.openai.launch import BackgroundServer, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CKPT = REPO / "assets" / "models" / "tiny-qwen2-vl"
+
+
+@pytest.fixture(scope="session")
+def parity() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("parity", REPO / "scripts" / "parity.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["parity"] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ours() -> BackgroundServer:
+    config = ServerConfig(model_dir=str(CKPT), port=free_port(),
+                          engine_options={"num_kv_blocks": 128, "max_model_len": 1024})
+    return BackgroundServer(config).start()
+
+
+@pytest.fixture(scope="session")
+def ours() -> Iterator[BackgroundServer]:
+    srv = _ours()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def ours_again() -> Iterator[BackgroundServer]:
+    srv = _ours()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def hf_without_ids() -> Iterator[ThreadServer]:
+    """The HF reference acting as a plain OpenAI server: no token id fields, logprobs kept."""
+    with ThreadServer(str(CKPT), token_ids=False) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def hf_bare() -> Iterator[ThreadServer]:
+    """The HF reference with neither token ids nor logprobs."""
+    with ThreadServer(str(CKPT), token_ids=False, logprobs=False) as srv:
+        yield srv
