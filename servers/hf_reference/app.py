@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from mm_infer.media import MediaError
 from mm_infer.prompt.placeholders import PromptError
 from servers.hf_reference.model import Generated, GenParams, HFModel
-from servers.hf_reference.prompt import BadRequest, PromptBuilder
+from servers.hf_reference.prompt import PARTS, BadRequest, PromptBuilder
 
 KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n",
          "logprobs", "top_logprobs", "return_token_ids", "stream", "user"}
@@ -27,6 +27,7 @@ class Options:
 
     token_ids: bool = True  # prompt_token_ids / token_ids / message-level ids
     logprobs: bool = True  # logprobs.content
+    max_videos: int | None = None  # like vLLM's --limit-mm-per-prompt '{"video": N}'; 0 refuses video
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -72,7 +73,12 @@ class Reference:
 
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         params = _params(body)
-        prompt = self.builder.build(body.get("messages") or [])
+        messages = body.get("messages") or []
+        videos = sum(PARTS.get(p.get("type")) == "video" for m in messages if isinstance(m.get("content"), list)
+                     for p in m["content"])
+        if self.options.max_videos is not None and videos > self.options.max_videos:
+            raise BadRequest(f"{videos} video(s) in the prompt; this server accepts at most {self.options.max_videos}")
+        prompt = self.builder.build(messages)
         with self.lock:
             gen = self.model.generate(prompt, params)
         ids_on = self.options.token_ids

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
+from servers.hf_reference.app import Options, Reference, build_app
 from servers.openai.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,22 +29,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-token-ids", action="store_true",
                    help="act like a plain OpenAI server: no prompt_token_ids / token_ids / message-level ids")
     p.add_argument("--no-logprobs", action="store_true", help="never return logprobs")
+    p.add_argument("--max-videos", type=int, help="refuse prompts with more videos (0: no video at all)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
 
-def make_server(model_dir: str, host: str, port: int, token_ids: bool = True, logprobs: bool = True,
+def make_server(model_dir: str, host: str, port: int, options: Options | None = None,
                 log_level: str = "warning") -> uvicorn.Server:
-    from servers.hf_reference.app import Options, Reference, build_app
-
-    app = build_app(Reference(model_dir, Options(token_ids=token_ids, logprobs=logprobs)))
+    app = build_app(Reference(model_dir, options or Options()))
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off"))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    server = make_server(args.model_dir, args.host, args.port, not args.no_token_ids, not args.no_logprobs,
-                         args.log_level)
+    options = Options(token_ids=not args.no_token_ids, logprobs=not args.no_logprobs, max_videos=args.max_videos)
+    server = make_server(args.model_dir, args.host, args.port, options, args.log_level)
     print(f"hf-reference: serving {args.model_dir} on http://{args.host}:{args.port}", flush=True)
     server.run()
 
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> None:
 class ThreadServer:
     """The reference on a daemon thread: `with ThreadServer(model_dir) as srv:` yields once it accepts requests."""
 
-    def __init__(self, model_dir: str, token_ids: bool = True, logprobs: bool = True) -> None:
+    def __init__(self, model_dir: str, options: Options | None = None) -> None:
         self.port = free_port()
-        self.server = make_server(model_dir, "127.0.0.1", self.port, token_ids, logprobs)
+        self.server = make_server(model_dir, "127.0.0.1", self.port, options)
         self.thread = threading.Thread(target=self.server.run, name="hf-reference", daemon=True)
         self.base_url = f"http://127.0.0.1:{self.port}"
 

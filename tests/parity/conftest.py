@@ -10,6 +10,7 @@ from types import ModuleType
 
 import pytest
 
+from servers.hf_reference.app import Options
 from servers.hf_reference.launch import ThreadServer
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
@@ -51,12 +52,19 @@ def ours_again() -> Iterator[BackgroundServer]:
 @pytest.fixture(scope="session")
 def hf_without_ids() -> Iterator[ThreadServer]:
     """The HF reference acting as a plain OpenAI server: no token id fields, logprobs kept."""
-    with ThreadServer(str(CKPT), token_ids=False) as srv:
+    with ThreadServer(str(CKPT), Options(token_ids=False)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="session")
 def hf_bare() -> Iterator[ThreadServer]:
-    """The HF reference with neither token ids nor logprobs."""
-    with ThreadServer(str(CKPT), token_ids=False, logprobs=False) as srv:
+    """The HF reference with neither token ids nor logprobs, refusing video (vLLM's limit of 0 videos)."""
+    with ThreadServer(str(CKPT), Options(token_ids=False, logprobs=False, max_videos=0)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def hf_full() -> Iterator[ThreadServer]:
+    """The HF reference with every extension on, in this process."""
+    with ThreadServer(str(CKPT)) as srv:
         yield srv

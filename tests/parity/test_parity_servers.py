@@ -24,7 +24,7 @@ def _run(parity: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path,
 
 
 def _metrics(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return [t["metrics"] for r in report["requests"] for t in r["turns"]]
+    return [t["metrics"] for r in report["requests"] for t in r["turns"] if "metrics" in t]
 
 
 def test_ours_vs_ours_is_exact(parity: ModuleType, ours: BackgroundServer, ours_again: BackgroundServer,
@@ -68,12 +68,17 @@ def test_server_without_token_ids_is_compared_as_text(parity: ModuleType, ours: 
                                         "exact_match=1.00 max_dlogprob=")
 
 
-def test_server_without_logprobs_skips_those_metrics(parity: ModuleType, ours: BackgroundServer,
-                                                     hf_bare: ThreadServer, capsys: pytest.CaptureFixture[str],
-                                                     tmp_path: Path) -> None:
-    report = _run(parity, capsys, tmp_path, "--a", ours.base_url, "--b", hf_bare.base_url, "--suite", "image")
+def test_server_without_logprobs_or_video(parity: ModuleType, ours: BackgroundServer, hf_bare: ThreadServer,
+                                         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    report = _run(parity, capsys, tmp_path, "--a", ours.base_url, "--b", hf_bare.base_url, "--suite", "image,video")
     agg = report["aggregate"]
     assert "b returned no logprobs: max_dlogprob and token_mult_prob_error skipped" in report["notes"]
+    rejected = [n for n in report["notes"] if n.startswith("b rejected")]
+    assert len(rejected) == 2 and all("(video): HTTP 400" in n for n in rejected), rejected
+    videos = [t for r in report["requests"] if r["suite"] == "video" for t in r["turns"]]
+    assert all("metrics" not in t and "gen_ids" in t["a"] and "error" in t["b"] for t in videos)
+    assert agg["errors"] == 2 and agg["turns"] == 4
     assert all(m["divergence_unit"] == "char" and "max_dlogprob" not in m for m in _metrics(report))
     assert agg["max_dlogprob"] is None and agg["token_mult_prob_error"] is None and agg["exact_match"] == 1.0
+    assert "errors=2" in report["summary"]
     assert "max_dlogprob=n/a(no logprobs) token_mult_prob_error=n/a" in report["summary"]
