@@ -111,13 +111,16 @@ class Side:
     def chat(self, messages: list[dict[str, Any]], max_tokens: int) -> Reply:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
                 "logprobs": True, "top_logprobs": self.top_logprobs, "return_token_ids": True}
-        resp = self.http.post("/v1/chat/completions", json=body)
-        if retried := resp.status_code == 400 and "return_token_ids" in resp.text:  # refuses the extension
-            resp = self.http.post("/v1/chat/completions", json={k: v for k, v in body.items()
-                                                                  if k != "return_token_ids"})
-        if resp.status_code != 200:
-            return Reply(error=f"HTTP {resp.status_code}: {resp.text[:300]}", retried_without_ids=retried)
-        reply = parse_reply(resp.json())
+        try:
+            resp = self.http.post("/v1/chat/completions", json=body)
+            if retried := resp.status_code == 400 and "return_token_ids" in resp.text:  # refuses the extension
+                resp = self.http.post("/v1/chat/completions", json={k: v for k, v in body.items()
+                                                                      if k != "return_token_ids"})
+            if resp.status_code != 200:
+                return Reply(error=f"HTTP {resp.status_code}: {resp.text[:300]}", retried_without_ids=retried)
+            reply = parse_reply(resp.json())
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            return Reply(error=f"{type(exc).__name__}: {exc}"[:300])
         reply.retried_without_ids = retried
         return reply
 
@@ -181,8 +184,7 @@ def compare(a: Reply, b: Reply) -> dict[str, Any]:
     if not ids:
         out["text"] = [a.text, b.text]
     if both_lp and unit != "char":
-        n = len(seq_a or []) if div is None else div
-        n = min(n, len(a.logprobs or []), len(b.logprobs or []))
+        n = min(len(seq_a or []) if div is None else div, len(a.logprobs or []), len(b.logprobs or []))
         d = [abs(x - y) for x, y in zip((a.logprobs or [])[:n], (b.logprobs or [])[:n], strict=True)]
         out |= {"agreeing_tokens": n, "max_dlogprob": max(d, default=0.0),
                 "sum_exp_dlogprob": sum(math.exp(x) for x in d),
@@ -191,8 +193,7 @@ def compare(a: Reply, b: Reply) -> dict[str, Any]:
 
 
 def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
-    done = [t for r in records for t in r["turns"] if "metrics" in t]
-    m = [t["metrics"] for t in done]
+    m = [t["metrics"] for r in records for t in r["turns"] if "metrics" in t]
     prompt = [x["prompt_ids_match"] for x in m if x["prompt_ids_match"] is not None]
     lp = [x for x in m if "agreeing_tokens" in x]
     n_lp = sum(x["agreeing_tokens"] for x in lp)
@@ -200,7 +201,7 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
             "compare": "ids" if m and all(x["compare"] == "ids" for x in m) else "text",
             "prompt_ids_match": sum(prompt) / len(prompt) if prompt else None,
             "exact_match": sum(x["exact_match"] for x in m) / len(m) if m else None,
-            "max_dlogprob": max((x["max_dlogprob"] for x in lp), default=None) if lp else None,
+            "max_dlogprob": max((x["max_dlogprob"] for x in lp), default=None),
             "token_mult_prob_error": sum(x["sum_exp_dlogprob"] for x in lp) / n_lp if n_lp else None,
             "agreeing_tokens": n_lp}
 
@@ -216,10 +217,8 @@ def notes_for(records: list[dict[str, Any]]) -> list[str]:
             notes.append(f"{side} returned no prompt token ids: prompt_ids_match not measured")
         if turns and all(t["logprobs"] is None for t in turns):
             notes.append(f"{side} returned no logprobs: max_dlogprob and token_mult_prob_error skipped")
-        for r in records:
-            for i, t in enumerate(r["turns"]):
-                if "error" in t[side]:
-                    notes.append(f"{side} rejected {r['name']} turn {i} ({r['suite']}): {t[side]['error'][:120]}")
+        notes += [f"{side} rejected {r['name']} turn {i} ({r['suite']}): {t[side]['error'][:120]}"
+                  for r in records for i, t in enumerate(r["turns"]) if "error" in t[side]]
     return notes
 
 

@@ -73,7 +73,7 @@ class HFModel:
         opts: dict[str, Any] = {"do_sample": sample, "max_new_tokens": params.max_tokens, "eos_token_id": self.eos,
                                 "pad_token_id": self.eos[0], "output_logits": True, "return_dict_in_generate": True}
         if sample:
-            opts |= {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None}
+            opts |= {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}  # 0: off
         else:
             opts |= {"temperature": None, "top_p": None, "top_k": None}
         out = self.model.generate(**kw, **opts)
