@@ -5,18 +5,15 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from parity_cases import CKPT, REPO
 
 from servers.hf_reference.app import Options
 from servers.hf_reference.launch import ThreadServer
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
-
-REPO = Path(__file__).resolve().parents[2]
-CKPT = REPO / "assets" / "models" / "tiny-qwen2-vl"
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import CKPT
+from parity_cases import CKPT
 
 from mm_infer.data import ChatEncoder, make_sample
 from mm_infer.data.media_urls import image_url

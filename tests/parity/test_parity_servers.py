@@ -8,7 +8,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import CKPT
+from parity_cases import CKPT
 
 from servers.hf_reference.launch import ThreadServer
 from servers.openai.launch import BackgroundServer
