@@ -43,13 +43,18 @@ TASK_WEIGHTS = {"colour": 0.1, "shape": 0.3, "count": 0.3, "direction": 0.3}
 BASE_TOKENIZER = REPO / "assets" / "models" / "tiny-qwen2-vl" / "tokenizer.json"
 
 
-def write_skeleton(out: Path, preset: str) -> dict:
-    """Everything but the weights: config, generation config, tokenizer + chat template, preprocessor configs."""
+def write_skeleton(out: Path, preset: str, rope_theta: float) -> dict:
+    """Everything but the weights: config, generation config, tokenizer + chat template, preprocessor configs.
+
+    rope_theta: M-RoPE base. With head_dim 32 and mrope_section [4, 6, 6], the (h, w) sections get the
+    lowest frequencies; at Qwen's 1e6 they barely turn over a 4x4 token grid, so the LM cannot tell where
+    a token sits. A small base gives it spatial (and temporal) resolution.
+    """
     spec = PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer.from_file(str(BASE_TOKENIZER))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    config = build_hf_config(spec, tok.get_vocab_size(), ids)
+    config = build_hf_config(spec, tok.get_vocab_size(), ids) | {"rope_theta": rope_theta}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     gen = {"bos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"],
            "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]]}
@@ -151,7 +156,7 @@ def train(args: argparse.Namespace) -> None:
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    write_skeleton(args.out, args.preset)
+    write_skeleton(args.out, args.preset, args.rope_theta)
     enc = ChatEncoder.from_dir(args.out)
     model = Qwen2VLForConditionalGeneration(Qwen2VLConfig.from_pretrained(str(args.out))).float().train()
     if args.init_from is not None:
@@ -207,6 +212,7 @@ def main() -> None:
                    help="e.g. colour=0.1,shape=0.3,count=0.3,direction=0.3")
     p.add_argument("--init", choices=["tiny", "hf"], default="tiny",
                    help="tiny: make_tiny_checkpoint's N(0, 0.05) init; hf: transformers' N(0, 0.02)")
+    p.add_argument("--rope-theta", type=float, default=10.0, help="M-RoPE base (Qwen2-VL uses 1e6)")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)

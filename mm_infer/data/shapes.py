@@ -49,8 +49,7 @@ def draw(canvas: np.ndarray, shapes: list[Shape], fills: list[tuple[int, int, in
         if s.kind == "circle":
             pen.ellipse(box, fill=fill)
         elif s.kind == "square":
-            h = s.r * 0.85
-            pen.rectangle((s.x - h, s.y - h, s.x + h, s.y + h), fill=fill)
+            pen.rectangle(box, fill=fill)  # full box: its corners are what tells it from a circle
         elif s.kind == "triangle":
             pen.polygon([(s.x, s.y - s.r), (s.x - s.r, s.y + 0.8 * s.r), (s.x + s.r, s.y + 0.8 * s.r)], fill=fill)
         else:

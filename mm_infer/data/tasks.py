@@ -58,7 +58,7 @@ def _direction(rng: np.random.Generator, size: int, frames: int) -> tuple[np.nda
     """A shape moving a fixed step per frame in one of four directions over a static background."""
     name = list(DIRECTIONS)[rng.integers(len(DIRECTIONS))]
     dx, dy = DIRECTIONS[name]
-    r, step = float(rng.uniform(12, 18)), float(rng.uniform(8, 12))
+    r, step = float(rng.uniform(9, 13)), float(rng.uniform(18, 22))  # the two temporal patches ~1.5 tokens apart
     travel = step * (frames - 1)
     lo, hi = r + 2, size - r - 2
     x0 = rng.uniform(lo + max(0.0, -dx * travel), hi - max(0.0, dx * travel))
