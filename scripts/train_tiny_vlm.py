@@ -47,8 +47,8 @@ def write_skeleton(out: Path, preset: str, rope_theta: float) -> dict:
     """Everything but the weights: config, generation config, tokenizer + chat template, preprocessor configs.
 
     rope_theta: M-RoPE base. With head_dim 32 and mrope_section [4, 6, 6], the (h, w) sections get the
-    lowest frequencies; at Qwen's 1e6 they barely turn over a 4x4 token grid, so the LM cannot tell where
-    a token sits. A small base gives it spatial (and temporal) resolution.
+    lowest frequencies; at Qwen's 1e6 they barely turn over a 4x4 token grid, so the LM can hardly tell
+    where a token sits and spatial reasoning is left to the vision tower. A small base would change that.
     """
     spec = PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)
@@ -212,7 +212,8 @@ def main() -> None:
                    help="e.g. colour=0.1,shape=0.3,count=0.3,direction=0.3")
     p.add_argument("--init", choices=["tiny", "hf"], default="tiny",
                    help="tiny: make_tiny_checkpoint's N(0, 0.05) init; hf: transformers' N(0, 0.02)")
-    p.add_argument("--rope-theta", type=float, default=10.0, help="M-RoPE base (Qwen2-VL uses 1e6)")
+    p.add_argument("--rope-theta", type=float, default=1e6,
+                   help="M-RoPE base (Qwen2-VL's 1e6); a small base (e.g. 10) lets the LM localize media tokens")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
