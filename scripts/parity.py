@@ -3,11 +3,8 @@
 Usage:
   python scripts/parity.py --a http://127.0.0.1:8000 --b http://127.0.0.1:8001 --out report.json
   python scripts/parity.py --a http://127.0.0.1:8000 --start-hf assets/models/tiny-qwen2-vl   # b: HF reference
-
-Greedy requests with logprobs and `return_token_ids`; suites image, video (rejections are recorded) and multiturn
-(turn 2 carries turn 1's assistant message, with its token ids when the server gave them). Reported per turn and
-in aggregate: prompt ids agreement, exact match of generated ids (text when a side gives no ids), first
-divergence, max |dlogprob| and token_mult_prob_error (mean exp|dlogprob|) over the agreeing prefix. Summary last.
+Greedy, logprobs, `return_token_ids`; per turn and in aggregate: prompt ids agreement, exact match of generated ids
+(text when a side gives none), first divergence, max |dlogprob| and mean exp|dlogprob| over the agreeing prefix.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import contextlib
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +105,13 @@ class Side:
         self.model = model or self.http.get("/v1/models").raise_for_status().json()["data"][0]["id"]
         self.top_logprobs = top_logprobs
 
+    def reset_prefix_cache(self) -> str | None:
+        """POST /reset_prefix_cache (mm-infer, vLLM); what went wrong, if anything."""
+        with contextlib.suppress(httpx.HTTPError):
+            resp = self.http.post("/reset_prefix_cache")
+            return None if resp.status_code == 200 else f"HTTP {resp.status_code}"
+        return "unreachable"
+
     def chat(self, messages: list[dict[str, Any]], max_tokens: int) -> Reply:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
                 "logprobs": True, "top_logprobs": self.top_logprobs, "return_token_ids": True}
@@ -127,18 +131,15 @@ class Side:
 
 def carried_message(reply: Reply) -> dict[str, Any]:
     """The assistant message for the next turn, with the server's token ids when it returned them."""
-    msg: dict[str, Any] = {"role": "assistant", "content": reply.text}
-    if reply.message.get("prompt_token_ids") is not None and reply.message.get("generation_token_ids") is not None:
-        msg |= {k: reply.message[k] for k in ("prompt_token_ids", "generation_token_ids")}
-    return msg
+    ids = {k: v for k in ("prompt_token_ids", "generation_token_ids") if (v := reply.message.get(k)) is not None}
+    return {"role": "assistant", "content": reply.text} | (ids if len(ids) == 2 else {})
 
 
 def carried_prefix(prev: Reply, cur: Reply) -> bool | None:
     """Whether a later turn's prompt starts with the earlier turn's exact prompt + generated ids."""
     if cur.prompt_ids is None or prev.prompt_ids is None or prev.gen_ids is None:
         return None
-    ids = prev.prompt_ids + prev.gen_ids
-    return cur.prompt_ids[:len(ids)] == ids
+    return cur.prompt_ids[:len(prev.prompt_ids) + len(prev.gen_ids)] == prev.prompt_ids + prev.gen_ids
 
 
 def run_case(side: Side, case: Case) -> list[Reply]:
@@ -173,12 +174,8 @@ def compare(a: Reply, b: Reply) -> dict[str, Any]:
                            "len_a": len(a.gen_ids if ids else a.tokens or a.text),
                            "len_b": len(b.gen_ids if ids else b.tokens or b.text),
                            "finish_reason": [a.finish_reason, b.finish_reason]}
-    if ids:
-        seq_a, seq_b, unit = a.gen_ids, b.gen_ids, "token"
-    elif both_lp:
-        seq_a, seq_b, unit = a.tokens, b.tokens, "token_str"
-    else:
-        seq_a, seq_b, unit = list(a.text), list(b.text), "char"
+    seq_a, seq_b, unit = ((a.gen_ids, b.gen_ids, "token") if ids else (a.tokens, b.tokens, "token_str") if both_lp
+                          else (list(a.text), list(b.text), "char"))
     div = first_divergence(seq_a or [], seq_b or [])
     out |= {"first_divergence": div, "divergence_unit": unit}
     if not ids:
@@ -233,14 +230,14 @@ def summary_line(agg: dict[str, Any], notes: list[str]) -> str:
 
 
 def _reply_dict(r: Reply) -> dict[str, Any]:
-    if r.error:
-        return {"error": r.error}
-    return {"text": r.text, "prompt_ids": r.prompt_ids, "gen_ids": r.gen_ids, "logprobs": r.logprobs,
-            "finish_reason": r.finish_reason, "retried_without_return_token_ids": r.retried_without_ids}
+    return {"error": r.error} if r.error else {k: v for k, v in asdict(r).items() if k not in ("message", "error")}
 
 
-def run_parity(a: Side, b: Side, cases: list[Case]) -> dict[str, Any]:
-    records = []
+def run_parity(a: Side, b: Side, cases: list[Case], reset: bool = False) -> dict[str, Any]:
+    records, notes = [], []
+    for name, side in (("a", a), ("b", b)):
+        if reset and (err := side.reset_prefix_cache()):
+            notes.append(f"{name}: could not reset its prefix cache ({err})")
     for case in cases:
         ra, rb = run_case(a, case), run_case(b, case)
         turns = []
@@ -254,7 +251,7 @@ def run_parity(a: Side, b: Side, cases: list[Case]) -> dict[str, Any]:
                         turn["metrics"][f"{name}_carried_prefix"] = ok
             turns.append(turn)
         records.append({"name": case.name, "suite": case.suite, "turns": turns})
-    notes = notes_for(records)
+    notes += notes_for(records)
     agg = aggregate(records)
     return {"a": {"url": a.url, "model": a.model}, "b": {"url": b.url, "model": b.model}, "aggregate": agg,
             "notes": notes, "summary": summary_line(agg, notes), "requests": records}
@@ -272,6 +269,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--start-hf", metavar="MODEL_DIR", help="start the HF reference server as side b")
+    p.add_argument("--reset-prefix-cache", action="store_true",
+                   help="POST /reset_prefix_cache to both first (KV reused from decode steps is not bit-exact)")
     args = p.parse_args(argv)
     suites = [s for s in args.suite.split(",") if s]
     if bad := sorted(set(suites) - set(SUITES)):
@@ -290,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             args.b = stack.enter_context(hf_subprocess(args.start_hf))
         a, b = (Side(u, args.model, args.api_key, args.top_logprobs, args.timeout) for u in (args.a, args.b))
-        report = run_parity(a, b, build_suite(args.suites, args.seed))
+        report = run_parity(a, b, build_suite(args.suites, args.seed), args.reset_prefix_cache)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     for note in report["notes"]:

@@ -113,6 +113,10 @@ def build_app(ref: Reference) -> FastAPI:
     def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": ref.name, "object": "model", "owned_by": "hf-reference"}]}
 
+    @app.post("/reset_prefix_cache")
+    def reset_prefix_cache() -> dict[str, bool]:
+        return {"success": True}  # nothing is cached: every request is computed from scratch
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
         try:
