@@ -34,16 +34,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def make_server(model_dir: str, host: str, port: int, options: Options | None = None,
-                log_level: str = "warning") -> uvicorn.Server:
-    app = build_app(Reference(model_dir, options or Options()))
+def make_server(reference: Reference, host: str, port: int, log_level: str = "warning") -> uvicorn.Server:
+    app = build_app(reference)
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off"))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     options = Options(token_ids=not args.no_token_ids, logprobs=not args.no_logprobs, max_videos=args.max_videos)
-    server = make_server(args.model_dir, args.host, args.port, options, args.log_level)
+    server = make_server(Reference(args.model_dir, options), args.host, args.port, args.log_level)
     print(f"hf-reference: serving {args.model_dir} on http://{args.host}:{args.port}", flush=True)
     server.run()
 
@@ -53,7 +52,8 @@ class ThreadServer:
 
     def __init__(self, model_dir: str, options: Options | None = None) -> None:
         self.port = free_port()
-        self.server = make_server(model_dir, "127.0.0.1", self.port, options)
+        self.reference = Reference(model_dir, options or Options())
+        self.server = make_server(self.reference, "127.0.0.1", self.port)
         self.thread = threading.Thread(target=self.server.run, name="hf-reference", daemon=True)
         self.base_url = f"http://127.0.0.1:{self.port}"
 

@@ -6,11 +6,14 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from parity_cases import CKPT
 
 from mm_infer.data import ChatEncoder, make_sample
 from mm_infer.data.media_urls import image_url
 from servers.hf_reference.launch import ThreadServer
+from servers.hf_reference.model import GenParams
+from servers.hf_reference.prompt import Prompt
 
 
 def _messages(url: str | None = None) -> list[dict[str, Any]]:
@@ -59,3 +62,18 @@ def test_seeded_sampling_repeats(hf_full: ThreadServer) -> None:
 def test_refuses_what_it_cannot_answer(hf_full: ThreadServer, body: dict[str, Any], words: str) -> None:
     resp = _chat(hf_full, **body)
     assert resp.status_code == 400 and words in resp.json()["error"]["message"]
+
+
+def test_logprobs_match_a_teacher_forced_forward(hf_full: ThreadServer) -> None:
+    """The oracle's own check: generate's per-step logits equal one full forward over prompt + generated ids."""
+    ref = hf_full.reference
+    prompt = ref.builder.build(_messages())
+    gen = ref.model.generate(prompt, GenParams(max_tokens=6, temperature=0.0))
+    full = Prompt(prompt.token_ids + gen.token_ids, prompt.images, prompt.videos, prompt.second_per_grid_ts)
+    with torch.inference_mode():
+        logits = ref.model.model(**ref.model.inputs(full)).logits[0].float()  # [L, V]
+    n = len(prompt.token_ids)
+    lp = torch.log_softmax(logits[n - 1:-1], dim=-1)  # the positions that predicted each generated token
+    forced = lp[torch.arange(len(gen.token_ids)), torch.tensor(gen.token_ids)]
+    assert gen.token_ids == lp.argmax(-1).tolist()
+    assert torch.allclose(forced, torch.tensor(gen.logprobs), atol=1e-5, rtol=0)
