@@ -52,7 +52,7 @@ def grpo_step(hf, optimizer, groups, pads: dict[str, int]) -> tuple[float, float
             if adv != 0.0:
                 loss = -adv * lp.sum()
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
             n_tokens += len(sample.token_ids)
     for p in hf.parameters():
         if p.grad is not None:
@@ -67,7 +67,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--max-tokens", type=int, default=6)
     args = parser.parse_args()
     torch.manual_seed(0)
