@@ -8,10 +8,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from parity_cases import CKPT
+from parity_cases import CKPT, SHAPES
 
 from servers.hf_reference.launch import ThreadServer
-from servers.openai.launch import BackgroundServer
+from servers.openai.config import ServerConfig
+from servers.openai.launch import BackgroundServer, free_port
 
 
 def _run(parity: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> dict[str, Any]:
@@ -84,3 +85,19 @@ def test_server_without_logprobs_or_video(parity: ModuleType, ours: BackgroundSe
     assert agg["max_dlogprob"] is None and agg["token_mult_prob_error"] is None and agg["exact_match"] == 1.0
     assert "errors=2" in report["summary"]
     assert "max_dlogprob=n/a(no logprobs) token_mult_prob_error=n/a" in report["summary"]
+
+
+def test_trained_checkpoint_stops_on_eos_like_hf(parity: ModuleType, capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    """tiny-shapes-vl answers in a word and stops on <|im_end|>: the EOS path agrees with HF too."""
+    config = ServerConfig(model_dir=str(SHAPES), port=free_port(),
+                          engine_options={"num_kv_blocks": 64, "max_model_len": 512})
+    with BackgroundServer(config) as ours, ThreadServer(str(SHAPES)) as hf:
+        report = _run(parity, capsys, tmp_path, "--a", ours.base_url, "--b", hf.base_url, "--suite", "image,video")
+    agg = report["aggregate"]
+    assert agg["errors"] == 0 and agg["prompt_ids_match"] == 1.0 and agg["exact_match"] == 1.0
+    assert agg["max_dlogprob"] < 1e-4
+    turns = [t for r in report["requests"] for t in r["turns"]]
+    assert all(t["metrics"]["finish_reason"] == ["stop", "stop"] and t["a"]["gen_ids"][-1] == 3002 for t in turns)
+    answers = {r["name"]: r["turns"][0]["a"]["text"] for r in report["requests"]}
+    assert answers["image-colour"] in {"red", "green", "blue", "yellow", "purple"}, answers
