@@ -35,6 +35,8 @@ class AsyncEngine:
     async def generate(self, prompt: str | Mapping[str, Any], params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream snapshots of one request; cancelling (or closing) the iterator aborts the request."""
+        if not self.is_alive:
+            raise RuntimeError("the engine loop is not running (shut down or crashed); no request can be served")
         rid = request_id or f"async-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()

@@ -150,3 +150,17 @@ def test_async_cancel_aborts_and_explicit_abort_reports(async_engine):
         time.sleep(0.01)
     bm = async_engine.engine.block_manager
     assert not async_engine.engine.has_unfinished() and bm.num_free_blocks == bm.num_blocks
+
+
+def test_async_generate_on_a_stopped_engine_fails_instead_of_hanging(llm):
+    stopped = AsyncEngine(llm.engine)
+    assert stopped.is_alive
+    stopped.shutdown()
+    assert not stopped.is_alive
+
+    async def first():
+        async for out in stopped.generate(case([4], seed=80), SamplingParams(max_tokens=2)):
+            return out
+
+    with pytest.raises(RuntimeError, match="not running"):
+        asyncio.run(asyncio.wait_for(first(), timeout=10))
