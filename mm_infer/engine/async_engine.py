@@ -1,4 +1,4 @@
-"""AsyncEngine: LLMEngine stepped on a background thread, one asyncio stream per request, abort on cancel."""
+"""AsyncEngine: LLMEngine stepped on a background thread, one asyncio stream per request, abort on cancel, freeze."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.request import VLMRequest
 from mm_infer.engine.sampling import SamplingParams
 
 T = TypeVar("T")
@@ -23,6 +24,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
+        self.frozen = False  # while True the loop steps nothing: running requests keep their state (pause "keep")
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="mm-infer-engine", daemon=True)
@@ -32,15 +34,17 @@ class AsyncEngine:
     def from_options(model_dir: str, **options: Any) -> AsyncEngine:
         return AsyncEngine(LLMEngine.from_options(model_dir, **options))
 
-    async def generate(self, prompt: str | Mapping[str, Any], params: SamplingParams | None = None,
+    async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream snapshots of one request; cancelling (or closing) the iterator aborts the request."""
+        """Stream snapshots of one request (a prompt, or a VLMRequest prepared elsewhere); cancelling (or closing)
+        the iterator aborts the request."""
         if not self.is_alive:
             raise RuntimeError("the engine loop is not running (shut down or crashed); no request can be served")
         rid = request_id or f"async-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        req = await loop.run_in_executor(None, self.engine.prepare, prompt)  # media work off the event loop
+        req = prompt if isinstance(prompt, VLMRequest) else \
+            await loop.run_in_executor(None, self.engine.prepare, prompt)  # media work off the event loop
         with self._lock:
             self.engine.add_request(rid, req, params)
             self._streams[rid] = (loop, queue)
@@ -72,6 +76,11 @@ class AsyncEngine:
         """True while the stepping thread runs (False after shutdown or if it died)."""
         return self._thread.is_alive() and not self._stop
 
+    def set_frozen(self, frozen: bool) -> None:
+        """Freeze (no step runs; queued and running requests wait with their KV) or thaw the loop."""
+        self.frozen = frozen
+        self._wake.set()
+
     def run_locked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(*args) under the step lock: never in the middle of a step (weight refits, cache resets)."""
         with self._lock:
@@ -87,7 +96,8 @@ class AsyncEngine:
         while not self._stop:
             try:
                 with self._lock:
-                    outputs = self.engine.step() if self.engine.has_unfinished() else None
+                    busy = not self.frozen and self.engine.has_unfinished()
+                    outputs = self.engine.step() if busy else None
                     for out in outputs or ():
                         self._deliver(out.request_id, out, out.finished)
             except Exception as exc:  # the engine is broken: fail every open stream rather than hang

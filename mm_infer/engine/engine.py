@@ -14,7 +14,7 @@ import torch
 from mm_infer.config import EngineConfig, EngineRuntime, SpecialTokens
 from mm_infer.engine.block_manager import BlockManager
 from mm_infer.engine.encoder_cache import EncoderCache
-from mm_infer.engine.inputs import media_defaults, prepare_request
+from mm_infer.engine.frontend import PromptFrontend
 from mm_infer.engine.model_runner import ModelRunner
 from mm_infer.engine.outputs import RequestMetrics, RequestOutput, check_stop, make_output
 from mm_infer.engine.request import VLMRequest
@@ -22,9 +22,8 @@ from mm_infer.engine.sampler import Sampler
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.engine.scheduler import Scheduler
 from mm_infer.engine.sequence import Sequence, SequenceGroup
-from mm_infer.engine.tokenizer import Tokenizer
 from mm_infer.models import load_model
-from mm_infer.prompt.placeholders import PlaceholderIds, PromptError
+from mm_infer.prompt.placeholders import PromptError
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -61,9 +60,9 @@ class LLMEngine:
                               ("cuda" if torch.cuda.is_available() else "cpu"))
         model_dir = Path(config.model_dir)
         self.model, mcfg = load_model(model_dir, resolve_dtype(config.dtype, device), device)
-        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_pretrained(model_dir)
-        self.placeholder_ids = PlaceholderIds(mcfg.image_token_id, mcfg.video_token_id,
-                                              mcfg.vision_start_token_id, mcfg.vision_end_token_id)
+        self.frontend = PromptFrontend(model_dir, config.media, tokenizer, mcfg)
+        self.tokenizer = self.frontend.tokenizer
+        self.placeholder_ids = self.frontend.placeholder_ids
         special = SpecialTokens(*(getattr(self.placeholder_ids, f) for f in
                                   ("image_pad_id", "video_pad_id", "vision_start_id", "vision_end_id")),
                                 eos_ids=_eos_ids(model_dir, mcfg.eos_token_id))
@@ -74,8 +73,7 @@ class LLMEngine:
         max_len = min(config.scheduler.max_model_len or _max_positions(model_dir), num_blocks * cache.block_size)
         self.runtime = EngineRuntime(num_blocks, cache.block_size, max_len, mcfg.text.vocab_size,
                                      mcfg.vision.spatial_merge_size, special)
-        self.tokens_per_second = mcfg.vision.tokens_per_second if mcfg.kind == "qwen2_5_vl" else None
-        self.media_defaults = media_defaults(model_dir, config.media)
+        self.media_defaults = self.frontend.media_defaults
         self.encoder_cache = EncoderCache(cache.encoder_cache_items, config.weight_version)
         self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
@@ -95,8 +93,7 @@ class LLMEngine:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def prepare(self, prompt: str | Mapping[str, Any]) -> VLMRequest:
-        return prepare_request(prompt, self.tokenizer, self.placeholder_ids, self.media_defaults,
-                               merge_size=self.runtime.merge_size, tokens_per_second=self.tokens_per_second)
+        return self.frontend.prepare(prompt)
 
     def add_request(self, request_id: str, prompt: str | Mapping[str, Any] | VLMRequest,
                     params: SamplingParams | None = None) -> None:

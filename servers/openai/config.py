@@ -42,6 +42,8 @@ class ServerConfig:
     fetch: FetchConfig = field(default_factory=FetchConfig)
     caps: MediaCaps = field(default_factory=MediaCaps)
     engine_options: dict[str, Any] = field(default_factory=dict)
+    replicas: int | None = None  # None: one engine in this process; N: N Ray actors behind a router
+    ray_address: str | None = None  # None: start a local Ray
 
     @property
     def model_name(self) -> str:

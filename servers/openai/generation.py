@@ -48,8 +48,10 @@ class Generation:
         self.weight_version: int | None = None  # the version when it left the engine (set on close)
         self._closed = False
 
-    def _leave(self) -> None:
-        self.weight_version = self.state.weight_version  # before leaving: a refit may wait for this very moment
+    def _leave(self, last: RequestOutput | None = None) -> None:
+        # before leaving: a refit may wait for this very moment. A replica stamps the version that produced it.
+        stamped = last.extra.get("weight_version") if last is not None else None
+        self.weight_version = self.state.weight_version if stamped is None else int(stamped)
         if self.ticket is not None:
             self.state.gate.leave(self.ticket)
 
@@ -94,9 +96,9 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        self._leave()
-        await self._gen.aclose()
         last = last or self.first
+        self._leave(last)
+        await self._gen.aclose()
         if last is None:
             return
         self.state.metrics.running -= 1

@@ -1,32 +1,15 @@
-"""Pause / resume for weight refits: an admission gate, in-flight request tickets, and a freezable engine loop."""
+"""Pause / resume for weight refits: an admission gate and in-flight request tickets over a freezable engine."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from mm_infer.engine.async_engine import AsyncEngine
+from servers.openai.backend import EngineBackend
 
 PauseMode = Literal["abort", "wait", "keep"]
-
-
-class SteppingSwitch:
-    """The LLMEngine as AsyncEngine's loop sees it: while `frozen`, it reports no work, so nothing is stepped.
-
-    Every other attribute is the engine's own (a server-side stand-in until AsyncEngine has pause/resume).
-    """
-
-    def __init__(self, core: Any) -> None:
-        self.core = core
-        self.frozen = False
-
-    def has_unfinished(self) -> bool:
-        return not self.frozen and self.core.has_unfinished()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.core, name)
 
 
 @dataclass
@@ -40,9 +23,8 @@ class Ticket:
 class PauseGate:
     """New requests pass `admit()` only while running; a pause holds them there (in every mode) until resume()."""
 
-    def __init__(self, engine: AsyncEngine, switch: SteppingSwitch, abort_poll_s: float = 0.02) -> None:
+    def __init__(self, engine: EngineBackend, abort_poll_s: float = 0.02) -> None:
         self.engine = engine
-        self.switch = switch
         self.mode: PauseMode | None = None
         self.abort_poll_s = abort_poll_s
         self._open = asyncio.Event()
@@ -78,7 +60,7 @@ class PauseGate:
         self.mode = mode
         self._open.clear()
         count = len(self._inflight)
-        self.switch.frozen = mode == "keep"
+        await self.engine.set_frozen(mode == "keep")
         if mode == "abort":
             while self._inflight:  # a request still preparing its prompt is aborted once it reaches the engine
                 for ticket in list(self._inflight.values()):
@@ -90,7 +72,7 @@ class PauseGate:
             await self._idle.wait()
         return count
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
+        await self.engine.set_frozen(False)
         self.mode = None
-        self.switch.frozen = False
         self._open.set()

@@ -20,7 +20,7 @@ def add_admin_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/resume")
     async def resume() -> PauseStatus:
-        gate.resume()
+        await gate.resume()
         return PauseStatus(is_paused=False)
 
     @app.get("/is_paused")

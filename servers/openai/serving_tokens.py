@@ -23,7 +23,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
     else:
         prompt = {"prompt_token_ids": state.renderer.encode(req.prompt or "", req.add_special_tokens)}
     try:
-        prepared = await asyncio.to_thread(state.engine.engine.prepare, prompt)
+        prepared = await asyncio.to_thread(state.engine.prepare, prompt)
     except Exception as exc:
         raise from_exception(exc) from exc
     ids = list(prepared.prompt_token_ids)

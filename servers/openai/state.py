@@ -6,15 +6,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.media import MediaLimits, MediaProcessor
+from servers.openai.backend import EngineBackend, LocalBackend
 from servers.openai.config import ServerConfig
 from servers.openai.fetch import MediaFetcher
 from servers.openai.media_inputs import MediaResolver
 from servers.openai.metrics import Metrics
 from servers.openai.parsers import OutputParser, build_output_parser
-from servers.openai.pause import PauseGate, SteppingSwitch
+from servers.openai.pause import PauseGate
 from servers.openai.refit import Refitter
 from servers.openai.templating import ChatRenderer
 
@@ -22,7 +22,7 @@ from servers.openai.templating import ChatRenderer
 @dataclass
 class ServerState:
     config: ServerConfig
-    engine: AsyncEngine
+    engine: EngineBackend
     renderer: ChatRenderer
     resolver: MediaResolver
     parser: OutputParser
@@ -33,19 +33,19 @@ class ServerState:
 
     @property
     def tokenizer(self) -> Any:
-        return self.engine.engine.tokenizer
+        return self.engine.tokenizer
 
     @property
     def weight_version(self) -> int:
-        return self.refitter.version
+        return self.engine.weight_version
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.engine.runtime.max_model_len
+        return self.engine.max_model_len
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.engine.runtime.vocab_size
+        return self.engine.vocab_size
 
     @property
     def engine_alive(self) -> bool:
@@ -55,17 +55,10 @@ class ServerState:
         return f"token_id:{token_id}" if as_id else self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def gauges(self) -> dict[str, float]:
-        engine = self.engine.engine
-        stats = engine.stats()
         media_cache = self.resolver.processor.cache
-        return {"num_requests_waiting": len(engine.scheduler.waiting),
-                "num_sequences_running": len(engine.scheduler.running),
-                "kv_blocks_free": stats["free_blocks"], "kv_blocks_total": stats["num_blocks"],
-                "prefix_cache_query_tokens": stats["prefix_query_tokens"],
-                "prefix_cache_hit_tokens": stats["prefix_hit_tokens"],
-                "encoder_cache_hits": stats["encoder_cache_hits"], "encoder_calls": stats["encoder_calls"],
+        return {**self.engine.engine_gauges(),
                 "media_cache_hits": media_cache.hits, "media_cache_misses": media_cache.misses,
-                "media_uuid_cache_hits": self.resolver.uuid_hits, "preemptions": stats["preemptions"],
+                "media_uuid_cache_hits": self.resolver.uuid_hits,
                 "weight_version": self.weight_version, "paused": int(self.gate.paused)}
 
     async def aclose(self) -> None:
@@ -74,20 +67,27 @@ class ServerState:
         await self.resolver.fetcher.aclose()
 
 
-def build_state(config: ServerConfig) -> ServerState:
-    """Load the engine and wire the tokenizer, media pipeline and parsers to it."""
+def build_backend(config: ServerConfig) -> EngineBackend:
+    """One engine in this process, or `config.replicas` Ray actors behind a router."""
     options = dict(config.engine_options)
-    core = LLMEngine.from_options(config.model_dir, **options)
-    switch = SteppingSwitch(core)
-    engine = AsyncEngine(switch)  # type: ignore[arg-type]  # the switch stands in for the engine it wraps
-    ids = core.placeholder_ids
-    decode = core.tokenizer.decode
+    if config.replicas is None:
+        return LocalBackend(LLMEngine.from_options(config.model_dir, **options))
+    from mm_infer.distributed import PoolConfig, ReplicaPool  # Ray is imported only when asked for
+
+    return ReplicaPool(PoolConfig(config.model_dir, config.replicas, options, ray_address=config.ray_address))
+
+
+def build_state(config: ServerConfig, engine: EngineBackend | None = None) -> ServerState:
+    """Load the engine (unless given) and wire the tokenizer, media pipeline and parsers to it."""
+    engine = engine or build_backend(config)
+    ids = engine.placeholder_ids
+    decode = engine.tokenizer.decode
     media_tokens = {kind: decode([ids.vision_start_id, pad, ids.vision_end_id], skip_special_tokens=False)
                     for kind, pad in (("image", ids.image_pad_id), ("video", ids.video_pad_id))}
     limits = MediaLimits(max_bytes=config.fetch.max_bytes, max_sampled_frames=config.caps.max_video_frames)
     processor = MediaProcessor(limits=limits)
-    resolver = MediaResolver(MediaFetcher(config.fetch), processor, core.media_defaults, config.caps)
-    gate = PauseGate(engine, switch)
-    return ServerState(config, engine, ChatRenderer(core.tokenizer, media_tokens), resolver,
+    resolver = MediaResolver(MediaFetcher(config.fetch), processor, engine.media_defaults, config.caps)
+    gate = PauseGate(engine)
+    return ServerState(config, engine, ChatRenderer(engine.tokenizer, media_tokens), resolver,
                        build_output_parser(config.reasoning_parser, config.tool_parser), gate,
                        Refitter(engine, gate))
