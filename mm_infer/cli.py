@@ -59,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model_dir=args.model, served_model_name=args.served_model_name, host=args.host, port=args.port,
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, reasoning_parser=args.reasoning_parser,
-        tool_parser=args.tool_parser, engine_options=engine,
+        tool_parser=args.tool_parser, engine_options=engine, replicas=args.replicas, ray_address=args.ray_address,
         fetch=FetchConfig(allowed_media_paths=tuple(Path(p) for p in args.allowed_media_path),
                           allow_private_urls=args.allow_private_media_urls, timeout_s=args.media_fetch_timeout,
                           max_bytes=args.max_media_bytes),
@@ -92,6 +92,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--tool-parser", default=None, choices=["hermes", "qwen"])
     srv.add_argument("--dtype", default=None)
     srv.add_argument("--seed", type=int, default=None)
+    srv.add_argument("--replicas", type=int, default=None,
+                     help="run N engine replicas as Ray actors behind a cache-aware router (default: one in-process)")
+    srv.add_argument("--ray-address", default=None, help="Ray cluster to join with --replicas (default: a local Ray)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     srv.set_defaults(func=_serve)
 

@@ -41,7 +41,9 @@ class EngineBackend(Protocol):
 
     def prepare(self, prompt: str | Mapping[str, Any]) -> VLMRequest: ...
     def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
-                 request_id: str) -> AsyncIterator[RequestOutput]: ...
+                 request_id: str, affinity: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Snapshots until finished; `affinity` keys the replica choice where there is one to make."""
+        ...
     def abort(self, request_id: str) -> None: ...
     async def set_frozen(self, frozen: bool) -> None: ...
     async def update_weights(self, bucket: Bucket, version: int) -> None: ...
@@ -84,7 +86,7 @@ class LocalBackend:
         return self.engine.prepare(prompt)
 
     def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
-                 request_id: str) -> AsyncIterator[RequestOutput]:
+                 request_id: str, affinity: str | None = None) -> AsyncIterator[RequestOutput]:
         return self.stream.generate(prompt, params, request_id)
 
     def abort(self, request_id: str) -> None:

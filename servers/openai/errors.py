@@ -39,7 +39,7 @@ def from_exception(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     status = getattr(exc, "status", None)
-    if isinstance(status, int) and 400 <= status < 500:
+    if isinstance(status, int) and (400 <= status < 500 or status == 503):  # 503: no replica / replica died
         return ApiError(status, str(exc))
     if isinstance(exc, ValueError):
         return ApiError(400, str(exc))

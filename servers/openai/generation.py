@@ -38,11 +38,12 @@ def check_not_aborted(out: RequestOutput, ticket: Ticket | None = None) -> Reque
 class Generation:
     """One engine request: `start()` surfaces prompt/media errors, then `final()` or `stream()`."""
 
-    def __init__(self, state: ServerState, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> None:
+    def __init__(self, state: ServerState, prompt: dict[str, Any], params: SamplingParams, request_id: str,
+                 affinity_key: str | None = None) -> None:
         self.state = state
         self.request_id = request_id
         self.started = time.perf_counter()
-        self._gen = state.engine.generate(prompt, params, request_id)
+        self._gen = state.engine.generate(prompt, params, request_id, affinity_key)
         self.first: RequestOutput | None = None
         self.ticket: Ticket | None = None
         self.weight_version: int | None = None  # the version when it left the engine (set on close)

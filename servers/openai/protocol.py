@@ -128,6 +128,8 @@ class SamplingFields(Strict):
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
     request_id: str | None = None
+    # with --replicas: requests sharing a key go to one replica (default key: the first media hash, else the prompt)
+    affinity_key: str | None = Field(default=None, max_length=256)
 
 
 class ChatCompletionRequest(SamplingFields):

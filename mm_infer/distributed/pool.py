@@ -1,0 +1,209 @@
+"""ReplicaPool: N engine replicas (Ray actors) behind a router; the server's EngineBackend for `--replicas N`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayError, RayTaskError
+
+from mm_infer.config import EngineConfig
+from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
+from mm_infer.distributed.router import Router, affinity_key
+from mm_infer.distributed.slots import PoolConfig
+from mm_infer.distributed.supervisor import Supervisor
+from mm_infer.engine.frontend import PromptFrontend
+from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.request import VLMRequest
+from mm_infer.engine.sampling import SamplingParams
+from mm_infer.models.qwen2_vl import QwenVLModel
+
+Bucket = list[tuple[str, torch.Tensor]]
+
+
+def ensure_ray(config: PoolConfig) -> bool:
+    """Connect to `ray_address`, or start a local Ray with a slot per replica; True if this call started it."""
+    if ray.is_initialized():
+        return False
+    if config.ray_address:
+        ray.init(address=config.ray_address, log_to_driver=False)
+        return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ray.init(num_cpus=max(cores, int(config.num_replicas * config.num_cpus_per_replica + 0.999)),
+             include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def _unwrap(exc: RayTaskError) -> BaseException:
+    """The replica's own exception (PromptError, MediaError, ...) so the server maps it to its 4xx."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+class ReplicaPool:
+    """Prepares prompts here (media preprocessed once, shipped once through the object store), routes each request
+    to one replica, streams its snapshots back, and fans refits, freezes and cache resets out to every replica."""
+
+    def __init__(self, config: PoolConfig) -> None:
+        if config.num_gpus_per_replica is None:
+            config = PoolConfig(**{**config.__dict__, "num_gpus_per_replica": 1.0 if torch.cuda.is_available()
+                                   else 0.0})
+        self.config = config
+        self._owns_ray = ensure_ray(config)
+        engine_config = EngineConfig.from_options(config.model_dir, **config.engine_options)
+        self.frontend = PromptFrontend(config.model_dir, engine_config.media)
+        self.tokenizer = self.frontend.tokenizer
+        self.placeholder_ids = self.frontend.placeholder_ids
+        self.media_defaults = self.frontend.media_defaults
+        self.router = Router(config.num_replicas, config.spill_slack)
+        self.supervisor = Supervisor(config, self.router)
+        self._version = engine_config.weight_version
+        self._inflight: dict[str, tuple[int, Any]] = {}  # request id -> (replica index, actor handle)
+        self._reference: QwenVLModel | None = None
+        self._closed = False
+        self.supervisor.start_all()
+        info = self.supervisor.slots[0].info
+        self._max_model_len = int(info["max_model_len"])
+        self._vocab_size = int(info["vocab_size"])
+
+    # EngineBackend: static facts
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._closed and bool(self.supervisor.up_slots())
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def reference_model(self) -> torch.nn.Module:
+        """The model on the meta device: names and shapes for refit checks, no memory."""
+        if self._reference is None:
+            with torch.device("meta"):
+                self._reference = QwenVLModel(self.frontend.model_config)
+        return self._reference
+
+    def prepare(self, prompt: str | Mapping[str, Any]) -> VLMRequest:
+        return self.frontend.prepare(prompt)
+
+    # requests
+    async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
+                       request_id: str, affinity: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Snapshots of one request from the replica it was routed to. A replica that dies under it ends the
+        stream with ReplicaUnavailableError (503); the request is not retried elsewhere."""
+        params = params or SamplingParams()
+        req = prompt if isinstance(prompt, VLMRequest) else await asyncio.to_thread(self.frontend.prepare, prompt)
+        key = affinity_key(req, affinity)
+        index = self.router.pick(key, params.n)
+        slot = self.supervisor.slots[index]
+        handle, incarnation = slot.handle, slot.incarnation
+        self._inflight[request_id] = (index, handle)
+        finished = False
+        try:
+            ref = ray.put(req)  # pixel values enter the object store once; the replica reads them from there
+            stream = handle.generate.options(num_returns="streaming").remote(ref, params, request_id, key)
+            async for out_ref in stream:
+                out: RequestOutput = await out_ref
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+            raise ReplicaUnavailableError(f"replica {index} ended request {request_id!r} without a final output")
+        except RayTaskError as exc:
+            raise _unwrap(exc) from None
+        except RayError as exc:
+            reason = describe_failure(exc)
+            self.supervisor.mark_down(index, incarnation, reason)
+            raise ReplicaUnavailableError(
+                f"engine replica {index} failed while serving request {request_id!r} ({reason}); the request was "
+                "not completed and was not retried: send it again") from None
+        finally:
+            self._inflight.pop(request_id, None)
+            self.router.release(index, params.n)
+            if not finished:
+                self._abort_on(handle, request_id)
+
+    @staticmethod
+    def _abort_on(handle: Any, request_id: str) -> None:
+        try:
+            handle.abort.remote(request_id)  # fire and forget: the replica frees the request's KV blocks
+        except RayError:
+            pass
+
+    def abort(self, request_id: str) -> None:
+        """Abort on the replica serving it; its stream then ends with finish_reason "abort"."""
+        found = self._inflight.get(request_id)
+        if found is not None:
+            self._abort_on(found[1], request_id)
+
+    # fan-out to every replica
+    async def _fan_out(self, method: str, *args: Any) -> list[Any]:
+        slots = self.supervisor.up_slots()
+        refs = [getattr(slot.handle, method).remote(*args) for slot in slots]
+        results = await asyncio.gather(*refs, return_exceptions=True)
+        for slot, result in zip(slots, results, strict=True):
+            if isinstance(result, RayTaskError):
+                raise _unwrap(result)
+            if isinstance(result, RayError):  # died meanwhile: the supervisor restarts it in the current state
+                self.supervisor.mark_down(slot.index, slot.incarnation, describe_failure(result))
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    async def set_frozen(self, frozen: bool) -> None:
+        with self.supervisor.lock:
+            self.supervisor.frozen = frozen
+        await self._fan_out("set_frozen", frozen)
+
+    async def update_weights(self, bucket: Bucket, version: int) -> None:
+        """One copy of the bucket in the object store, read by every replica; journaled for restarts."""
+        ref = ray.put(bucket)
+        with self.supervisor.lock:
+            self.supervisor.journal.record(ref, [name for name, _ in bucket], version)
+            self._version = version
+        await self._fan_out("update_weights", ref, version)
+
+    async def reset_caches(self) -> None:
+        await self._fan_out("reset_caches")
+
+    # observability
+    def engine_gauges(self) -> dict[str, float]:
+        """Sums of the replicas' last health-check gauges, plus routing and replica counts."""
+        slots = self.supervisor.slots
+        total = {k: 0.0 for k in ("waiting", "running", "free_blocks", "num_blocks", "prefix_query_tokens",
+                                   "prefix_hit_tokens", "encoder_cache_hits", "encoder_calls", "preemptions")}
+        for slot in slots:
+            for k in total:
+                total[k] += float(slot.gauges.get(k, 0))
+        stats = self.router.stats
+        return {"num_requests_waiting": total["waiting"], "num_sequences_running": total["running"],
+                "kv_blocks_free": total["free_blocks"], "kv_blocks_total": total["num_blocks"],
+                "prefix_cache_query_tokens": total["prefix_query_tokens"],
+                "prefix_cache_hit_tokens": total["prefix_hit_tokens"],
+                "encoder_cache_hits": total["encoder_cache_hits"], "encoder_calls": total["encoder_calls"],
+                "preemptions": total["preemptions"], "replicas": float(len(slots)),
+                "replicas_up": float(sum(s.state == "up" for s in slots)),
+                "replica_restarts": float(sum(s.restarts for s in slots)),
+                "router_affinity_hit_rate": stats.hit_rate, "router_spills": float(stats.spills)}
+
+    def counters(self) -> list[dict[str, Any]]:
+        """Each up replica's own counters (requests, requests per affinity key, engine stats)."""
+        return ray.get([s.handle.counters.remote() for s in self.supervisor.up_slots()])
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.supervisor.stop()
+        if self._owns_ray:
+            ray.shutdown()

@@ -1,0 +1,51 @@
+"""ReplicaSlot: one replica position in the pool: its current actor, incarnation, health and last gauges."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SlotState = Literal["starting", "up", "down"]
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """How many replicas of which model, where, and how they are watched."""
+
+    model_dir: str
+    num_replicas: int = 2
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    ray_address: str | None = None  # None: use the running Ray, or start a local one
+    pin_cpus: bool = True  # CPU replicas: replica i runs on core i (mod the cores Ray may use)
+    num_cpus_per_replica: float = 1.0
+    num_gpus_per_replica: float | None = None  # None: 1 when this host has CUDA, else 0
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 10.0
+    startup_timeout_s: float = 300.0
+    restart: bool = True
+    spill_slack: int = 64  # a pinned replica may hold this many more sequences than the least loaded one
+    stream_interval_s: float = 0.02  # replicas send at most one snapshot per request per interval
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+
+    def cpu_for(self, index: int) -> int | None:
+        if not self.pin_cpus or (self.num_gpus_per_replica or 0) > 0 or not hasattr(os, "sched_getaffinity"):
+            return None
+        cores = sorted(os.sched_getaffinity(0))
+        return cores[index % len(cores)]
+
+
+@dataclass
+class ReplicaSlot:
+    index: int
+    handle: Any = None  # the Ray actor handle
+    incarnation: int = 0  # bumped on every (re)start; a failure report for an older one is ignored
+    state: SlotState = "starting"
+    applied_seq: int = -1  # last weight-journal entry this incarnation applied
+    info: dict[str, Any] = field(default_factory=dict)  # describe() of the current actor
+    gauges: dict[str, Any] = field(default_factory=dict)  # last ping()
+    restarts: int = 0
+    last_failure: str | None = None
