@@ -1,0 +1,173 @@
+"""The OpenAI server with 2 Ray replicas: the official client, refits over HTTP, and a replica killed under load."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import ray
+from replica_cases import CKPT, OPTIONS, png
+from safetensors.torch import load_file, save_file
+
+from mm_infer.distributed import ReplicaPool
+from mm_infer.engine.sampling import SamplingParams
+from servers.openai.config import ServerConfig
+from servers.openai.launch import BackgroundServer, free_port
+
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def server(local_ray: None) -> Iterator[BackgroundServer]:
+    config = ServerConfig(model_dir=str(CKPT), port=free_port(), replicas=2, engine_options=OPTIONS)
+    srv = BackgroundServer(config).start()
+    pool = srv.state.engine
+    assert isinstance(pool, ReplicaPool)
+    pool.supervisor.config = type(pool.config)(**{**pool.config.__dict__, "health_interval_s": 0.3})
+    yield srv
+    srv.stop()
+
+
+def pool_of(server: BackgroundServer) -> ReplicaPool:
+    return server.state.engine  # type: ignore[return-value]
+
+
+def gauge(server: BackgroundServer, name: str) -> float:
+    for line in httpx.get(f"{server.base_url}/metrics").text.splitlines():
+        if line.startswith(f"mm_infer_{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no gauge {name}")
+
+
+def chat_body(text: str, **extra: Any) -> dict[str, Any]:
+    return {"model": CKPT.name, "messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS,
+            "temperature": 0.0, "ignore_eos": True, **extra}
+
+
+def test_the_openai_client_gets_images_answered_by_the_replicas(server):
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    url = "data:image/png;base64," + base64.b64encode(png("blue")).decode()
+    reply = client.chat.completions.create(
+        model=CKPT.name, max_tokens=6, temperature=0.0,
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": "What colour?"}]}],
+        extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert len(reply.choices[0].token_ids) == 6 and reply.model_extra["weight_version"] == 0
+    assert server.state.engine.is_alive and gauge(server, "replicas_up") == 2
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def _refit_checkpoint(tmp: Path) -> Path:
+    """A copy of the checkpoint with the final norm halved: a refit whose effect on outputs is visible."""
+    out = tmp / "refit"
+    shutil.copytree(CKPT, out)
+    state = load_file(str(out / "model.safetensors"))
+    name = next(k for k in state if k.endswith("norm.weight") and "visual" not in k and "layers" not in k)
+    state[name] = state[name] * 0.5
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _direct(pool: ReplicaPool, index: int, text: str) -> list[int]:
+    """Greedy ids from one named replica, bypassing the router."""
+    req = pool.prepare({"messages": [{"role": "user", "content": text}]})
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    refs = list(pool.supervisor.slots[index].handle.generate.options(num_returns="streaming").remote(
+        req, params, f"direct-{index}-{time.monotonic_ns()}"))
+    return ray.get(refs[-1]).outputs[0].token_ids
+
+
+def test_a_replica_killed_under_load_fails_its_requests_with_503_and_comes_back_refitted(server, tmp_path):
+    pool = pool_of(server)
+    refit = httpx.post(f"{server.base_url}/update_weights_from_disk", json={"model_path": str(_refit_checkpoint(
+        tmp_path))}, timeout=120).json()
+    assert refit["weight_version"] == 1
+    reference = _direct(pool, 1, "the reference prompt")
+    assert reference == _direct(pool, 0, "the reference prompt"), "both replicas were refitted alike"
+
+    results: dict[int, httpx.Response] = {}
+    count = 16
+
+    def send(i: int) -> None:
+        results[i] = httpx.post(f"{server.base_url}/v1/chat/completions", json=chat_body(f"load {i}"), timeout=180)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    victim = pool.supervisor.slots[0]
+    deadline = time.monotonic() + 60
+    while not ray.get(victim.handle.ping.remote())["running"]:
+        assert time.monotonic() < deadline, "no request reached replica 0"
+        time.sleep(0.02)
+    ray.kill(victim.handle, no_restart=True)
+    for t in threads:
+        t.join(timeout=180)
+
+    assert sorted(results) == list(range(count)), "every request got exactly one answer"
+    ok = [r.json() for r in results.values() if r.status_code == 200]
+    failed = [r for r in results.values() if r.status_code != 200]
+    assert ok and failed, f"expected some of each, got {len(ok)} ok and {len(failed)} failed"
+    assert len({o["id"] for o in ok}) == len(ok)
+    for body in ok:
+        assert body["usage"]["completion_tokens"] == MAX_TOKENS and body["weight_version"] == 1
+    for r in failed:
+        assert r.status_code == 503, r.text
+        message = r.json()["error"]["message"]
+        assert "replica 0" in message and "not retried" in message, message
+
+    deadline = time.monotonic() + 180
+    while gauge(server, "replicas_up") < 2 or gauge(server, "replica_restarts") < 1:
+        assert time.monotonic() < deadline, "the dead replica was not restarted"
+        time.sleep(0.2)
+    assert ray.get(pool.supervisor.slots[0].handle.ping.remote())["weight_version"] == 1
+    assert _direct(pool, 0, "the reference prompt") == reference, "the restarted replica replayed the refit"
+    again = httpx.post(f"{server.base_url}/v1/chat/completions", json=chat_body("after the restart"), timeout=120)
+    assert again.status_code == 200 and again.json()["weight_version"] == 1
+
+
+def test_a_streaming_request_on_a_dying_replica_ends_with_an_error_event(server):
+    pool = pool_of(server)
+    body = chat_body("stream until killed", max_tokens=600, stream=True, affinity_key="doomed")
+    events: list[str] = []
+
+    def consume() -> None:
+        with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120) as r:
+            events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while (index := pool.router.pinned("key:doomed")) is None or not ray.get(
+            pool.supervisor.slots[index].handle.ping.remote())["running"]:
+        assert time.monotonic() < deadline, "the streaming request never started"
+        time.sleep(0.02)
+    ray.kill(pool.supervisor.slots[index].handle, no_restart=True)
+    worker.join(timeout=60)
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][len("data: "):])["error"]
+    assert error["code"] == 503 and f"replica {index}" in error["message"], error
+
+
+def test_an_idle_replica_that_dies_is_found_by_the_health_check(server):
+    pool = pool_of(server)
+    deadline = time.monotonic() + 180
+    while gauge(server, "replicas_up") < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    restarts = gauge(server, "replica_restarts")
+    ray.kill(pool.supervisor.slots[1].handle, no_restart=True)
+    while gauge(server, "replica_restarts") < restarts + 1 or gauge(server, "replicas_up") < 2:
+        assert time.monotonic() < deadline, "the health check never noticed"
+        time.sleep(0.2)
+    assert "health check failed" in (pool.supervisor.slots[1].last_failure or "")
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=chat_body("still serving"), timeout=120)
+    assert r.status_code == 200
