@@ -13,6 +13,7 @@ from ray.exceptions import RayError, RayTaskError
 
 from mm_infer.config import EngineConfig
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
+from mm_infer.distributed.media_refs import MediaRefCache
 from mm_infer.distributed.router import Router, affinity_key
 from mm_infer.distributed.slots import PoolConfig
 from mm_infer.distributed.supervisor import Supervisor
@@ -64,6 +65,7 @@ class ReplicaPool:
         self._version = engine_config.weight_version
         self._inflight: dict[str, tuple[int, Any]] = {}  # request id -> (replica index, actor handle)
         self._reference: QwenVLModel | None = None
+        self.media = MediaRefCache(config.media_cache_bytes)
         self._closed = False
         self.supervisor.start_all()
         info = self.supervisor.slots[0].info
@@ -100,9 +102,11 @@ class ReplicaPool:
 
     # requests
     async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
-                       request_id: str, affinity: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Snapshots of one request from the replica it was routed to. A replica that dies under it ends the
-        stream with ReplicaUnavailableError (503); the request is not retried elsewhere."""
+                       request_id: str, affinity: str | None = None, stream: bool = True
+                       ) -> AsyncIterator[RequestOutput]:
+        """Snapshots of one request from the replica it was routed to (without `stream`: the first and the final
+        one only). A replica that dies under it ends the stream with ReplicaUnavailableError (503); the request is
+        not retried elsewhere."""
         params = params or SamplingParams()
         req = prompt if isinstance(prompt, VLMRequest) else await asyncio.to_thread(self.frontend.prepare, prompt)
         key = affinity_key(req, affinity)
@@ -112,8 +116,9 @@ class ReplicaPool:
         self._inflight[request_id] = (index, handle)
         finished = False
         try:
-            ref = ray.put(req)  # pixel values enter the object store once; the replica reads them from there
-            stream = handle.generate.options(num_returns="streaming").remote(ref, params, request_id, key)
+            light, media = self.media.detach(req)  # pixels by reference, once per content hash; the rest inline
+            stream = handle.generate.options(num_returns="streaming").remote(light, media, params, request_id, key,
+                                                                             stream)
             async for out_ref in stream:
                 out: RequestOutput = await out_ref
                 finished = out.finished

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from mm_infer.distributed.coalesce import latest_only
+from mm_infer.distributed.coalesce import first_and_last, latest_only
+from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
@@ -40,14 +41,19 @@ class EngineReplica:
                 "vocab_size": runtime.vocab_size, "weight_version": self.core.weight_version,
                 "device": str(next(self.core.model.parameters()).device)}
 
-    async def generate(self, request: VLMRequest, params: SamplingParams, request_id: str,
-                       affinity_key: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Snapshots of one request, at most one per stream interval (always the final one), each stamped with
-        the weight version it was produced under and this replica's index."""
+    async def generate(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
+                       affinity_key: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Snapshots of one request (its pixel values arrive as object-store refs, one per media item), each
+        stamped with the weight version it was produced under and this replica's index: with `stream`, at most
+        one per stream interval; else only the first and the final one."""
+        if media:
+            request = attach(request, list(await asyncio.gather(*media)))
         self.requests += 1
         if affinity_key is not None:
             self.requests_by_key[affinity_key] += 1
-        async for out in latest_only(self.stream.generate(request, params, request_id), self.stream_interval_s):
+        source = self.stream.generate(request, params, request_id)
+        snapshots = latest_only(source, self.stream_interval_s) if stream else first_and_last(source)
+        async for out in snapshots:
             out.extra["weight_version"] = self.core.weight_version
             out.extra["replica"] = self.index
             yield out

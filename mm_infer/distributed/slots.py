@@ -26,6 +26,7 @@ class PoolConfig:
     restart: bool = True
     spill_slack: int = 64  # a pinned replica may hold this many more sequences than the least loaded one
     stream_interval_s: float = 0.02  # replicas send at most one snapshot per request per interval
+    media_cache_bytes: int = 1 << 30  # pixel values kept in the object store by content hash (LRU)
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:

@@ -41,8 +41,9 @@ class EngineBackend(Protocol):
 
     def prepare(self, prompt: str | Mapping[str, Any]) -> VLMRequest: ...
     def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
-                 request_id: str, affinity: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Snapshots until finished; `affinity` keys the replica choice where there is one to make."""
+                 request_id: str, affinity: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Snapshots until finished; `affinity` keys the replica choice where there is one to make; without
+        `stream` a backend may skip snapshots between the first and the final one."""
         ...
     def abort(self, request_id: str) -> None: ...
     async def set_frozen(self, frozen: bool) -> None: ...
@@ -86,7 +87,7 @@ class LocalBackend:
         return self.engine.prepare(prompt)
 
     def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
-                 request_id: str, affinity: str | None = None) -> AsyncIterator[RequestOutput]:
+                 request_id: str, affinity: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
         return self.stream.generate(prompt, params, request_id)
 
     def abort(self, request_id: str) -> None:

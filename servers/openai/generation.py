@@ -39,11 +39,11 @@ class Generation:
     """One engine request: `start()` surfaces prompt/media errors, then `final()` or `stream()`."""
 
     def __init__(self, state: ServerState, prompt: dict[str, Any], params: SamplingParams, request_id: str,
-                 affinity_key: str | None = None) -> None:
+                 affinity_key: str | None = None, stream: bool = True) -> None:
         self.state = state
         self.request_id = request_id
         self.started = time.perf_counter()
-        self._gen = state.engine.generate(prompt, params, request_id, affinity_key)
+        self._gen = state.engine.generate(prompt, params, request_id, affinity_key, stream)
         self.first: RequestOutput | None = None
         self.ticket: Ticket | None = None
         self.weight_version: int | None = None  # the version when it left the engine (set on close)

@@ -150,7 +150,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools if req.tool_choice != "none" else None)
     rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
-    gen = Generation(state, prompt, params, rid, req.affinity_key)
+    gen = Generation(state, prompt, params, rid, req.affinity_key, req.stream)
     if req.stream:
         await watch(gen.start(), request.is_disconnected)
         return ClosingStreamingResponse(_chunks(state, req, gen, rid, created), media_type="text/event-stream")

@@ -114,7 +114,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     prompts = prompt_ids(state, req)
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
-    gens = [Generation(state, {"prompt_token_ids": ids}, params, f"{rid}-{i}", req.affinity_key)
+    gens = [Generation(state, {"prompt_token_ids": ids}, params, f"{rid}-{i}", req.affinity_key, req.stream)
             for i, ids in enumerate(prompts)]
     if req.stream:
         starts = [asyncio.ensure_future(g.start()) for g in gens]

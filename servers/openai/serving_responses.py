@@ -27,7 +27,7 @@ async def create_response(state: ServerState, req: ResponsesRequest,
         chat_template_kwargs=chat.chat_template_kwargs, mm_processor_kwargs=chat.mm_processor_kwargs,
         tools=chat.tools if chat.tool_choice != "none" else None)
     head = response_head(state, req, f"resp_{req.request_id or uuid.uuid4().hex}", int(time.time()))
-    gen = Generation(state, prompt, params, head.id)
+    gen = Generation(state, prompt, params, head.id, None, req.stream)
     if req.stream:
         await watch(gen.start(), request.is_disconnected)
         return ClosingStreamingResponse(response_events(state, head, chat, gen.stream()),

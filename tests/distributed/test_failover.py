@@ -82,7 +82,7 @@ def _direct(pool: ReplicaPool, index: int, text: str) -> list[int]:
     req = pool.prepare({"messages": [{"role": "user", "content": text}]})
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     refs = list(pool.supervisor.slots[index].handle.generate.options(num_returns="streaming").remote(
-        req, params, f"direct-{index}-{time.monotonic_ns()}"))
+        req, [], params, f"direct-{index}-{time.monotonic_ns()}"))
     return ray.get(refs[-1]).outputs[0].token_ids
 
 

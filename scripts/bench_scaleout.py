@@ -1,0 +1,171 @@
+"""Benchmark: ReplicaPool throughput with 1 and 2 Ray replicas (one core each) on the same workload, same run.
+
+The workload is GRPO-shaped: G groups x n separate requests, each group one distinct image, sampled at temperature
+1 with ignore_eos. Prompts are prepared once up front (as a trainer passing token ids and media would), so the
+figures are the replicas' scaling, plus the per-request costs the capacity model in docs/scaleout.md uses:
+router pick, object-store put of a prepared request, and the pool round trip of a 1-token request.
+Prints output tokens/s per replica count, the affinity hit rate, and the 2-vs-1 ratio LAST.
+Usage: python scripts/bench_scaleout.py [--model DIR] [--groups 16] [--n 8] [--max-tokens 64] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parents[1]
+COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "cyan", "magenta", "brown", "pink", "gray", "navy"]
+
+
+def images(count: int) -> list[bytes]:
+    from PIL import Image, ImageDraw
+
+    out = []
+    for i in range(count):
+        img = Image.new("RGB", (112, 112), "white")
+        ImageDraw.Draw(img).rectangle((16 + i, 16, 96, 96 - i), fill=COLOURS[i % len(COLOURS)])
+        buf = io.BytesIO()
+        img.save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+def workload(pool, groups: int, n: int) -> list:
+    prompts = [{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text":
+                "Describe the shape and its colour."}]}], "multi_modal_data": {"image": [img]}}
+               for img in images(groups)]
+    prepared = [pool.prepare(p) for p in prompts]
+    return [prepared[g] for g in range(groups) for _ in range(n)]
+
+
+async def drive(pool, requests: list, max_tokens: int) -> tuple[float, int, list[int]]:
+    from mm_infer.engine.sampling import SamplingParams
+
+    async def one(i: int, req) -> tuple[int, int]:
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)
+        last = None
+        async for out in pool.generate(req, params, f"bench-{time.monotonic_ns()}-{i}", stream=False):
+            last = out
+        return len(last.outputs[0].token_ids), last.extra["replica"]
+
+    start = time.perf_counter()
+    done = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+    wall = time.perf_counter() - start
+    return wall, sum(t for t, _ in done), [r for _, r in done]
+
+
+def _mean_ms(fn, repeats: int) -> float:
+    start = time.perf_counter()
+    for i in range(repeats):
+        fn(i)
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def per_request_costs(pool, req) -> dict[str, float]:
+    """What one request costs the router process (the figures docs/scaleout.md's capacity model uses):
+    router decision, media put (new content hash), prompt preparation for a fresh image, the HTTP front end
+    (/tokenize with an image data URL: parse, template, media cache hit, expansion), and the pool round trip of
+    a 1-token request minus the replica's own engine time for it."""
+    import base64
+
+    import httpx
+
+    from mm_infer.distributed.media_refs import MediaRefCache
+    from mm_infer.distributed.router import Router
+    from mm_infer.engine.sampling import SamplingParams
+    from servers.openai.config import ServerConfig
+    from servers.openai.launch import BackgroundServer, free_port
+    from servers.openai.state import build_state
+
+    router = Router(8)
+    pick_us = _mean_ms(lambda i: router.release(router.pick(f"k{i % 512}", 1), 1), 20000) * 1e3
+    cache, pixels = MediaRefCache(), req.items[0].pixel_values
+    put_ms = _mean_ms(lambda i: cache._ref(f"fresh-{i}", pixels), 50)
+    fresh = images(20)
+    prepare_ms = _mean_ms(lambda i: pool.prepare({"messages": [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "Describe it."}]}], "multi_modal_data": {"image": [fresh[i]]}}), 20)
+
+    async def overhead() -> float:
+        params, total = SamplingParams(max_tokens=1), 0.0
+        for i in range(20):
+            start = time.perf_counter()
+            async for out in pool.generate(req, params, f"rt-{time.monotonic_ns()}-{i}", stream=False):
+                last = out
+            engine = last.metrics.finished_time - last.metrics.arrival_time
+            total += time.perf_counter() - start - engine
+        return total / 20 * 1e3
+
+    pool_ms = asyncio.run(overhead())
+    config = ServerConfig(str(pool.config.model_dir), port=free_port())
+    url = "data:image/png;base64," + base64.b64encode(fresh[0]).decode()
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                      {"type": "text", "text": "Describe it."}]}]}
+    with BackgroundServer(config, build_state(config, engine=pool)) as srv, httpx.Client() as client:
+        client.post(f"{srv.base_url}/tokenize", json=body).raise_for_status()
+        http_ms = _mean_ms(lambda i: client.post(f"{srv.base_url}/tokenize", json=body).raise_for_status(), 50)
+    return {"router_pick_us": pick_us, "media_put_ms": put_ms, "media_bytes": pixels.numel() * 4,
+            "prepare_fresh_image_ms": prepare_ms, "http_front_end_ms": http_ms,
+            "pool_overhead_ms": pool_ms}  # the server's exit shut the pool down: call this last
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(REPO / "assets" / "models" / "tiny-qwen2-vl"))
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per replica count (best is kept)")
+    ap.add_argument("--max-num-seqs", type=int, default=16,
+                    help="batch capacity of each replica (as KV memory caps it on a GPU); 0: unbounded")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
+    import ray
+
+    from mm_infer.distributed import PoolConfig, ReplicaPool
+
+    cores = len(os.sched_getaffinity(0))
+    ray.init(num_cpus=max(cores, 2), include_dashboard=False, log_to_driver=False)
+    options = {"cpu_threads": 1, "num_kv_blocks": 4096, "max_model_len": 2048}
+    if args.max_num_seqs:
+        options["max_num_seqs"] = args.max_num_seqs
+    print(f"cores={cores} model={Path(args.model).name} groups={args.groups} n={args.n} "
+          f"max_tokens={args.max_tokens} requests={args.groups * args.n} "
+          f"max_num_seqs={args.max_num_seqs or 'unbounded'}")
+    best: dict[int, float] = {}
+    costs: dict[str, float] = {}
+    hit_rate = 1.0
+    for replicas in (1, 2):
+        start = time.perf_counter()
+        pool = ReplicaPool(PoolConfig(args.model, replicas, options, health_interval_s=5.0))
+        startup = time.perf_counter() - start
+        requests = workload(pool, args.groups, args.n)
+        asyncio.run(drive(pool, requests[: args.n], 4))  # warm-up: first-call costs out of the timing
+        rates = []
+        for _ in range(args.repeats):
+            wall, tokens, where = asyncio.run(drive(pool, requests, args.max_tokens))
+            rates.append(tokens / wall)
+            split = [where.count(i) for i in range(replicas)]
+            print(f"replicas={replicas} wall={wall:.2f}s tokens={tokens} tok/s={tokens / wall:.1f} split={split}")
+        best[replicas] = max(rates)
+        if replicas == 2:
+            hit_rate = pool.router.stats.hit_rate
+            costs = per_request_costs(pool, requests[0])
+        print(f"replicas={replicas} startup={startup:.1f}s best tok/s={best[replicas]:.1f} "
+              f"median={statistics.median(rates):.1f}")
+        pool.shutdown()
+    print("per-request costs: " + " ".join(f"{k}={v:.3g}" for k, v in costs.items()))
+    print(f"affinity_hit_rate={hit_rate:.3f} (n={args.n} groups)")
+    ray.shutdown()
+    print(f"scaleout_2_vs_1={best[2] / best[1]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
