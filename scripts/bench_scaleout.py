@@ -149,10 +149,13 @@ def main() -> int:
         asyncio.run(drive(pool, requests[: args.n], 4))  # warm-up: first-call costs out of the timing
         rates = []
         for _ in range(args.repeats):
+            cpu = time.process_time()  # this process is the router: its CPU per request bounds one router
             wall, tokens, where = asyncio.run(drive(pool, requests, args.max_tokens))
+            cpu_ms = (time.process_time() - cpu) / len(requests) * 1e3
             rates.append(tokens / wall)
             split = [where.count(i) for i in range(replicas)]
-            print(f"replicas={replicas} wall={wall:.2f}s tokens={tokens} tok/s={tokens / wall:.1f} split={split}")
+            print(f"replicas={replicas} wall={wall:.2f}s tokens={tokens} tok/s={tokens / wall:.1f} split={split} "
+                  f"router_cpu_ms_per_request={cpu_ms:.2f}")
         best[replicas] = max(rates)
         if replicas == 2:
             hit_rate = pool.router.stats.hit_rate

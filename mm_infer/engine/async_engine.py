@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from mm_infer.engine.engine import LLMEngine
@@ -21,7 +23,9 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one step, or one control call (add, abort, refit), at a time
+        self._waiters = 0  # control calls waiting for the lock: the loop lets them in before its next step
+        self._waiters_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
         self.frozen = False  # while True the loop steps nothing: running requests keep their state (pause "keep")
@@ -45,7 +49,7 @@ class AsyncEngine:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         req = prompt if isinstance(prompt, VLMRequest) else \
             await loop.run_in_executor(None, self.engine.prepare, prompt)  # media work off the event loop
-        with self._lock:
+        with self._control():
             self.engine.add_request(rid, req, params)
             self._streams[rid] = (loop, queue)
         self._wake.set()
@@ -65,7 +69,7 @@ class AsyncEngine:
 
     def abort(self, request_id: str, notify: bool = True) -> None:
         """Abort a request; with notify, its stream receives a final output with finish_reason "abort"."""
-        with self._lock:
+        with self._control():
             if not notify:
                 self._streams.pop(request_id, None)
             self.engine.abort(request_id)
@@ -83,8 +87,21 @@ class AsyncEngine:
 
     def run_locked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(*args) under the step lock: never in the middle of a step (weight refits, cache resets)."""
-        with self._lock:
+        with self._control():
             return fn(*args)
+
+    @contextlib.contextmanager
+    def _control(self) -> Iterator[None]:
+        """The step lock for a call from outside the loop. A plain Lock is not fair: the loop would take it back
+        step after step and starve an abort or a refit until the engine went idle, so the loop waits for us."""
+        with self._waiters_lock:
+            self._waiters += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._waiters_lock:
+                self._waiters -= 1
 
     def _deliver(self, rid: str, item: Any, last: bool) -> None:
         stream = self._streams.pop(rid, None) if last else self._streams.get(rid)
@@ -94,6 +111,8 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         while not self._stop:
+            while self._waiters and not self._stop:
+                time.sleep(0.0002)  # a control call is waiting for the lock: let it in first
             try:
                 with self._lock:
                     busy = not self.frozen and self.engine.has_unfinished()

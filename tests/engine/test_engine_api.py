@@ -164,3 +164,28 @@ def test_async_generate_on_a_stopped_engine_fails_instead_of_hanging(llm):
 
     with pytest.raises(RuntimeError, match="not running"):
         asyncio.run(asyncio.wait_for(first(), timeout=10))
+
+
+def test_control_calls_are_not_starved_by_a_busy_loop(async_engine):
+    """The step lock is handed to abort / run_locked between steps, however busy the engine is."""
+    long = SamplingParams(temperature=0.0, max_tokens=3000, ignore_eos=True)
+
+    async def busy_then_control():
+        stream = async_engine.generate(case([8], seed=72), long, request_id="busy")
+        await stream.__anext__()
+        waits = []
+        for _ in range(5):
+            start = time.perf_counter()
+            async_engine.run_locked(lambda: None)
+            waits.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        async_engine.abort("busy")
+        waits.append(time.perf_counter() - start)
+        last = None
+        async for out in stream:
+            last = out
+        return waits, last
+
+    waits, last = asyncio.run(busy_then_control())
+    assert max(waits) < 0.5, f"a control call waited {max(waits):.2f} s for the step lock"
+    assert last.outputs[0].finish_reason == "abort" and len(last.outputs[0].token_ids) < 3000
