@@ -175,8 +175,8 @@ class ReplicaPool:
         ref = ray.put(bucket)
         with self.supervisor.lock:
             self.supervisor.journal.record(ref, [name for name, _ in bucket], version)
-            self._version = version
         await self._fan_out("update_weights", ref, version)
+        self._version = version  # moves once every replica that is up has the bucket
 
     async def reset_caches(self) -> None:
         await self._fan_out("reset_caches")
