@@ -47,16 +47,3 @@ async def latest_only(source: AsyncIterator[T], min_interval_s: float) -> AsyncI
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-
-async def first_and_last(source: AsyncIterator[T]) -> AsyncIterator[T]:
-    """Only the first item (time to first token, early errors) and the last one: for callers that do not stream."""
-    pending: list[T] = []
-    first = True
-    async for item in source:
-        if first:
-            first = False
-            yield item
-        else:
-            pending[:] = [item]
-    if pending:
-        yield pending[0]

@@ -104,9 +104,9 @@ class ReplicaPool:
     async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
                        request_id: str, affinity: str | None = None, stream: bool = True
                        ) -> AsyncIterator[RequestOutput]:
-        """Snapshots of one request from the replica it was routed to (without `stream`: the first and the final
-        one only). A replica that dies under it ends the stream with ReplicaUnavailableError (503); the request is
-        not retried elsewhere."""
+        """Snapshots of one request from the replica it was routed to (without `stream`: the final one only, from
+        one plain actor call). A replica that dies under it ends the stream with ReplicaUnavailableError (503);
+        the request is not retried elsewhere."""
         params = params or SamplingParams()
         req = prompt if isinstance(prompt, VLMRequest) else await asyncio.to_thread(self.frontend.prepare, prompt)
         key = affinity_key(req, affinity)
@@ -117,10 +117,14 @@ class ReplicaPool:
         finished = False
         try:
             light, media = self.media.detach(req)  # pixels by reference, once per content hash; the rest inline
-            stream = handle.generate.options(num_returns="streaming").remote(light, media, params, request_id, key,
-                                                                             stream)
-            async for out_ref in stream:
-                out: RequestOutput = await out_ref
+            if not stream:
+                out: RequestOutput = await handle.generate_final.remote(light, media, params, request_id, key)
+                finished = out.finished
+                yield out
+                return
+            async for out_ref in handle.generate.options(num_returns="streaming").remote(
+                    light, media, params, request_id, key):
+                out = await out_ref
                 finished = out.finished
                 yield out
                 if finished:

@@ -6,11 +6,12 @@ import asyncio
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from mm_infer.distributed.coalesce import first_and_last, latest_only
+from mm_infer.distributed.coalesce import latest_only
 from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
@@ -19,13 +20,25 @@ from mm_infer.engine.request import VLMRequest
 from mm_infer.engine.sampling import SamplingParams
 
 
+def pin_process(cpu: int) -> None:
+    """Pin every thread of this process (Ray's own included) to one core; threads started later inherit it."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    tasks = Path("/proc/self/task")
+    for tid in [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]:
+        try:
+            os.sched_setaffinity(tid, {cpu})
+        except OSError:  # a thread that just exited
+            pass
+
+
 class EngineReplica:
     """The body of a Ray actor (wrapped with ray.remote by the pool). Requests arrive prepared (VLMRequest)."""
 
     def __init__(self, index: int, model_dir: str, options: dict[str, Any], cpu: int | None = None,
                  stream_interval_s: float = 0.02) -> None:
-        if cpu is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {cpu})  # one core per replica: replicas never compete for a core
+        if cpu is not None:
+            pin_process(cpu)
             torch.set_num_threads(1)
         self.index = index
         self.core = LLMEngine.from_options(model_dir, **options)
@@ -41,22 +54,36 @@ class EngineReplica:
                 "vocab_size": runtime.vocab_size, "weight_version": self.core.weight_version,
                 "device": str(next(self.core.model.parameters()).device)}
 
-    async def generate(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
-                       affinity_key: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
-        """Snapshots of one request (its pixel values arrive as object-store refs, one per media item), each
-        stamped with the weight version it was produced under and this replica's index: with `stream`, at most
-        one per stream interval; else only the first and the final one."""
+    async def _start(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
+                     affinity_key: str | None) -> AsyncIterator[RequestOutput]:
+        """Re-attach the pixel values (object-store refs, one per media item), count, and start the request."""
         if media:
             request = attach(request, list(await asyncio.gather(*media)))
         self.requests += 1
         if affinity_key is not None:
             self.requests_by_key[affinity_key] += 1
-        source = self.stream.generate(request, params, request_id)
-        snapshots = latest_only(source, self.stream_interval_s) if stream else first_and_last(source)
-        async for out in snapshots:
-            out.extra["weight_version"] = self.core.weight_version
-            out.extra["replica"] = self.index
-            yield out
+        return self.stream.generate(request, params, request_id)
+
+    def _stamp(self, out: RequestOutput) -> RequestOutput:
+        out.extra["weight_version"] = self.core.weight_version  # the version that produced it
+        out.extra["replica"] = self.index
+        return out
+
+    async def generate(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
+                       affinity_key: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Snapshots of one request, at most one per stream interval (always the final one), stamped."""
+        source = await self._start(request, media, params, request_id, affinity_key)
+        async for out in latest_only(source, self.stream_interval_s):
+            yield self._stamp(out)
+
+    async def generate_final(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
+                             affinity_key: str | None = None) -> RequestOutput:
+        """Only the final output, stamped: one plain actor call, about a third of a stream's cost to the router."""
+        last = None
+        async for out in await self._start(request, media, params, request_id, affinity_key):
+            last = out
+        assert last is not None and last.finished, "the engine stream ended without a final output"
+        return self._stamp(last)
 
     def abort(self, request_id: str) -> None:
         self.stream.abort(request_id)
