@@ -55,14 +55,14 @@ class EngineReplica:
                 "device": str(next(self.core.model.parameters()).device)}
 
     async def _start(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
-                     affinity_key: str | None) -> AsyncIterator[RequestOutput]:
+                     affinity_key: str | None, stream: bool = True) -> AsyncIterator[RequestOutput]:
         """Re-attach the pixel values (object-store refs, one per media item), count, and start the request."""
         if media:
             request = attach(request, list(await asyncio.gather(*media)))
         self.requests += 1
         if affinity_key is not None:
             self.requests_by_key[affinity_key] += 1
-        return self.stream.generate(request, params, request_id)
+        return self.stream.generate(request, params, request_id, stream)
 
     def _stamp(self, out: RequestOutput) -> RequestOutput:
         out.extra["weight_version"] = self.core.weight_version  # the version that produced it
@@ -80,7 +80,7 @@ class EngineReplica:
                              affinity_key: str | None = None) -> RequestOutput:
         """Only the final output, stamped: one plain actor call, about a third of a stream's cost to the router."""
         last = None
-        async for out in await self._start(request, media, params, request_id, affinity_key):
+        async for out in await self._start(request, media, params, request_id, affinity_key, stream=False):
             last = out
         assert last is not None and last.finished, "the engine stream ended without a final output"
         return self._stamp(last)

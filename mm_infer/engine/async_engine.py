@@ -30,6 +30,7 @@ class AsyncEngine:
         self._stop = False
         self.frozen = False  # while True the loop steps nothing: running requests keep their state (pause "keep")
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._final_only: set[str] = set()  # streams that want only the final output
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="mm-infer-engine", daemon=True)
         self._thread.start()
@@ -39,9 +40,10 @@ class AsyncEngine:
         return AsyncEngine(LLMEngine.from_options(model_dir, **options))
 
     async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream snapshots of one request (a prompt, or a VLMRequest prepared elsewhere); cancelling (or closing)
-        the iterator aborts the request."""
+                       request_id: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Stream snapshots of one request (a prompt, or a VLMRequest prepared elsewhere); without `stream` only
+        the final one (while no open request streams, steps then build no snapshots at all). Cancelling (or
+        closing) the iterator aborts the request."""
         if not self.is_alive:
             raise RuntimeError("the engine loop is not running (shut down or crashed); no request can be served")
         rid = request_id or f"async-{next(self._ids)}"
@@ -52,6 +54,8 @@ class AsyncEngine:
         with self._control():
             self.engine.add_request(rid, req, params)
             self._streams[rid] = (loop, queue)
+            if not stream:
+                self._final_only.add(rid)
         self._wake.set()
         finished = False
         try:
@@ -72,6 +76,7 @@ class AsyncEngine:
         with self._control():
             if not notify:
                 self._streams.pop(request_id, None)
+                self._final_only.discard(request_id)
             self.engine.abort(request_id)
         self._wake.set()
 
@@ -104,6 +109,10 @@ class AsyncEngine:
                 self._waiters -= 1
 
     def _deliver(self, rid: str, item: Any, last: bool) -> None:
+        if last:
+            self._final_only.discard(rid)
+        elif rid in self._final_only:
+            return
         stream = self._streams.pop(rid, None) if last else self._streams.get(rid)
         if stream is not None:
             loop, queue = stream
@@ -116,7 +125,8 @@ class AsyncEngine:
             try:
                 with self._lock:
                     busy = not self.frozen and self.engine.has_unfinished()
-                    outputs = self.engine.step() if busy else None
+                    snapshots = len(self._final_only) < len(self._streams)  # someone streams: build them
+                    outputs = self.engine.step(stream=snapshots) if busy else None
                     for out in outputs or ():
                         self._deliver(out.request_id, out, out.finished)
             except Exception as exc:  # the engine is broken: fail every open stream rather than hang

@@ -88,7 +88,7 @@ class LocalBackend:
 
     def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
                  request_id: str, affinity: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
-        return self.stream.generate(prompt, params, request_id)
+        return self.stream.generate(prompt, params, request_id, stream)
 
     def abort(self, request_id: str) -> None:
         self.stream.abort(request_id)

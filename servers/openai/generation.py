@@ -68,10 +68,16 @@ class Generation:
             self._closed = True
             self._leave()
             await self._gen.aclose()
+            if isinstance(exc, asyncio.CancelledError):  # the client left before the first (or only) output
+                self.state.metrics.aborted += 1
             if isinstance(exc, (asyncio.CancelledError, StopAsyncIteration)):
                 raise
             raise from_exception(exc) from exc
-        self.state.metrics.first_token(time.perf_counter() - self.started)
+        ttft = time.perf_counter() - self.started
+        m = self.first.metrics
+        if self.first.finished and m is not None and m.first_token_time and m.finished_time:
+            ttft -= m.finished_time - m.first_token_time  # a final-only request: its first token came earlier
+        self.state.metrics.first_token(max(ttft, 0.0))
         return self.first
 
     def _unless_paused_away(self, out: RequestOutput) -> RequestOutput:

@@ -189,3 +189,22 @@ def test_control_calls_are_not_starved_by_a_busy_loop(async_engine):
     waits, last = asyncio.run(busy_then_control())
     assert max(waits) < 0.5, f"a control call waited {max(waits):.2f} s for the step lock"
     assert last.outputs[0].finish_reason == "abort" and len(last.outputs[0].token_ids) < 3000
+
+
+def test_final_only_requests_get_one_output_equal_to_the_streamed_final(async_engine):
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    async def both():
+        async def collect(seed: int, stream: bool):
+            return [o async for o in async_engine.generate(case([8], seed=seed), params, f"fo-{seed}-{stream}",
+                                                           stream=stream)]
+
+        alone = await collect(80, False)  # no stream open: steps build no snapshots
+        mixed = await asyncio.gather(collect(81, False), collect(81, True))
+        return alone, mixed
+
+    alone, (final_only, streamed) = asyncio.run(both())
+    assert len(alone) == 1 and alone[0].finished and len(alone[0].outputs[0].token_ids) == 12
+    assert len(final_only) == 1 and len(streamed) == 12
+    assert final_only[0].outputs[0].token_ids == streamed[-1].outputs[0].token_ids
+    assert final_only[0].outputs[0].logprobs == streamed[-1].outputs[0].logprobs
