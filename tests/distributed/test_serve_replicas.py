@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import ray
-from replica_cases import CKPT, ROOT
+from replica_cases import CKPT
+from serve_process import start_serve, stop_serve
 
 from mm_infer.cli import build_parser
 from servers.openai.launch import free_port
@@ -23,25 +21,10 @@ def test_replica_arguments_parse():
 
 
 def test_serve_with_replicas_joins_a_ray_cluster_and_stops_cleanly(local_ray):
-    port = free_port()
     address = ray.get_runtime_context().gcs_address
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "mm_infer.cli", "serve", str(CKPT), "--port", str(port),
-                             "--replicas", "2", "--ray-address", address, "--max-model-len", "256",
-                             "--num-kv-blocks", "64"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve([str(CKPT), "--replicas", "2", "--ray-address", address, "--max-model-len", "256",
+                              "--num-kv-blocks", "64"], free_port())
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
         metrics = httpx.get(f"{base}/metrics").text
         assert "mm_infer_replicas_up 2" in metrics
         body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "ignore_eos": True}
@@ -49,16 +32,11 @@ def test_serve_with_replicas_joins_a_ray_cluster_and_stops_cleanly(local_ray):
         assert reply["usage"]["completion_tokens"] == 4 and reply["weight_version"] == 0
         assert httpx.get(f"{base}/v1/models").json()["data"][0]["max_model_len"] == 256
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        printed = stop_serve(proc)
     # uvicorn shuts down gracefully, restores the handler it found (Ray's, which exits with the signal number)
     # and re-raises the signal
     assert proc.returncode in (0, -signal.SIGTERM, signal.SIGTERM)
-    assert "Application shutdown complete" in proc.stdout.read().decode()
+    assert "Application shutdown complete" in printed
     deadline = time.monotonic() + 30
     while ray.available_resources().get("CPU", 0) < 2:  # the server's replicas were killed, not left behind
         assert time.monotonic() < deadline, f"replica actors outlived the server: {ray.available_resources()}"
