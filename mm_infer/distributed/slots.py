@@ -50,3 +50,5 @@ class ReplicaSlot:
     gauges: dict[str, Any] = field(default_factory=dict)  # last ping()
     restarts: int = 0
     last_failure: str | None = None
+    failed_starts: int = 0  # consecutive restarts that failed: the next waits 2**failed_starts s (max 60)
+    retry_at: float = 0.0  # time.monotonic() before which no restart is tried

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import Any
 
 import ray
@@ -13,6 +15,8 @@ from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.replica import EngineReplica
 from mm_infer.distributed.router import Router
 from mm_infer.distributed.slots import PoolConfig, ReplicaSlot
+
+log = logging.getLogger(__name__)
 
 
 class Supervisor:
@@ -73,11 +77,16 @@ class Supervisor:
         self._thread.start()
 
     def _restart(self, slot: ReplicaSlot) -> None:
+        if time.monotonic() < slot.retry_at:
+            return
         try:
             slot.info = ray.get(self._spawn(slot), timeout=self.config.startup_timeout_s)
             self._catch_up(slot)
             slot.restarts += 1
-        except RayError as exc:  # could not start (yet): stay down, try again on the next round
+            slot.failed_starts = 0
+        except RayError as exc:  # could not start (yet): stay down, retry with exponential backoff (max 60 s)
+            slot.failed_starts += 1
+            slot.retry_at = time.monotonic() + min(2.0 ** slot.failed_starts, 60.0)
             self.mark_down(slot.index, slot.incarnation, f"restart failed: {describe_failure(exc)}")
 
     # failures
@@ -115,10 +124,13 @@ class Supervisor:
             for slot in self.slots:
                 if self._stop.is_set():
                     return
-                if slot.state == "up":
-                    self._check(slot)
-                if slot.state == "down" and self.config.restart:
-                    self._restart(slot)
+                try:
+                    if slot.state == "up":
+                        self._check(slot)
+                    if slot.state == "down" and self.config.restart:
+                        self._restart(slot)
+                except Exception:  # the watcher must outlive any one replica's trouble
+                    log.exception("replica %d: health check or restart failed", slot.index)
             self._wake.wait(self.config.health_interval_s)
             self._wake.clear()
 

@@ -171,3 +171,31 @@ def test_an_idle_replica_that_dies_is_found_by_the_health_check(server):
     assert "health check failed" in (pool.supervisor.slots[1].last_failure or "")
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=chat_body("still serving"), timeout=120)
     assert r.status_code == 200
+
+
+def test_a_replica_that_cannot_restart_stays_down_with_backoff_while_the_other_serves(server, tmp_path):
+    pool = pool_of(server)
+    deadline = time.monotonic() + 180
+    while gauge(server, "replicas_up") < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    good = pool.supervisor.config
+    pool.supervisor.config = type(good)(**{**good.__dict__, "model_dir": str(tmp_path / "no-such-model")})
+    try:
+        ray.kill(pool.supervisor.slots[0].handle, no_restart=True)
+        slot = pool.supervisor.slots[0]
+        while slot.failed_starts < 2:
+            assert time.monotonic() < deadline, "no restart was tried"
+            time.sleep(0.2)
+        assert slot.state == "down" and "restart failed" in (slot.last_failure or "")
+        assert slot.retry_at > time.monotonic() - 1, "the next try waits (exponential backoff)"
+        assert httpx.get(f"{server.base_url}/health").status_code == 200 and gauge(server, "replicas_up") == 1
+        for i in range(3):
+            r = httpx.post(f"{server.base_url}/v1/chat/completions", json=chat_body(f"one left {i}"), timeout=120)
+            assert r.status_code == 200
+    finally:
+        pool.supervisor.config = good
+    while gauge(server, "replicas_up") < 2:
+        assert time.monotonic() < deadline, "the replica did not come back once it could start"
+        time.sleep(0.2)
+    assert ray.get(pool.supervisor.slots[0].handle.ping.remote())["weight_version"] == pool.weight_version
