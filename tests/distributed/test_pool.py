@@ -75,6 +75,7 @@ def test_grpo_groups_stick_to_one_replica(pool):
     images = [png(c, size=84) for c in COLOURS[:4]]
     params = [SamplingParams(max_tokens=6, temperature=1.0, seed=s) for s in range(8)]
     hits_before = (pool.router.stats.keyed_repeat, pool.router.stats.affinity_hits)
+    puts_before, media_hits_before = pool.media.puts, pool.media.hits
 
     async def groups():
         jobs = [final(pool, image_prompt(img), p, f"grpo-{g}-{s}") for g, img in enumerate(images)
@@ -95,6 +96,8 @@ def test_grpo_groups_stick_to_one_replica(pool):
     repeat = pool.router.stats.keyed_repeat - hits_before[0]
     hits = pool.router.stats.affinity_hits - hits_before[1]
     assert repeat == 28 and hits / repeat >= 0.95
+    assert pool.media.puts - puts_before == 4, "each image's pixels entered the object store once"
+    assert pool.media.hits - media_hits_before == 28
 
 
 def test_an_explicit_affinity_key_beats_the_prompt(pool):
