@@ -15,8 +15,9 @@ class JournalEntry:
 
 
 class WeightJournal:
-    """Append-only with compaction: an entry whose every tensor was overwritten later is dropped (the object store
-    then frees it), so the journal holds at most one copy of each weight."""
+    """Refits in order. Once a refit reached every replica (`commit`), older entries whose every tensor it
+    overwrote are dropped (the object store then frees them), so the journal holds about one copy of each
+    weight; a refit that failed is `forget`-ten and leaves the entries before it intact."""
 
     def __init__(self) -> None:
         self.entries: list[JournalEntry] = []
@@ -26,14 +27,22 @@ class WeightJournal:
         entry = JournalEntry(self.next_seq, ref, frozenset(names), version)
         self.next_seq += 1
         self.entries.append(entry)
+        return entry
+
+    def commit(self, entry: JournalEntry) -> None:
+        """The refit reached every replica: compact everything up to it."""
         later: set[str] = set()
         kept: list[JournalEntry] = []
         for e in reversed(self.entries):
             if not e.names <= later:
                 kept.append(e)
-            later |= e.names
+            if e.seq <= entry.seq:
+                later |= e.names
         self.entries = kept[::-1]
-        return entry
+
+    def forget(self, entry: JournalEntry) -> None:
+        """Drop an entry whose refit failed: replicas restarted from the checkpoint plus the rest agree again."""
+        self.entries = [e for e in self.entries if e.seq != entry.seq]
 
     def since(self, applied_seq: int) -> list[JournalEntry]:
         """Entries a replica that applied everything up to `applied_seq` (-1: nothing) must still apply, in order."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayError, RayTaskError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from mm_infer.config import EngineConfig
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
@@ -101,6 +101,25 @@ class ReplicaPool:
         return self.frontend.prepare(prompt)
 
     # requests
+    def _route(self, key: str, weight: int) -> tuple[int, Any, int]:
+        """(index, actor handle, incarnation) of an up replica; its router load already counts `weight`."""
+        for _ in range(4 * self.config.num_replicas):
+            index = self.router.pick(key, weight)
+            with self.supervisor.lock:  # the supervisor may have taken it down since the router saw it up
+                slot = self.supervisor.slots[index]
+                if slot.state == "up":
+                    return index, slot.handle, slot.incarnation
+            self.router.release(index, weight)
+        raise ReplicaUnavailableError("no engine replica stayed up long enough to take the request; retry shortly")
+
+    def _died(self, index: int, incarnation: int, exc: BaseException, request_id: str) -> ReplicaUnavailableError:
+        reason = describe_failure(exc)
+        if not self.supervisor.mark_down(index, incarnation, reason):  # the supervisor knew first: its reason
+            reason = self.supervisor.slots[index].last_failure or reason
+        return ReplicaUnavailableError(
+            f"engine replica {index} failed while serving request {request_id!r} ({reason}); the request was not "
+            "completed and was not retried: send it again")
+
     async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
                        request_id: str, affinity: str | None = None, stream: bool = True
                        ) -> AsyncIterator[RequestOutput]:
@@ -110,20 +129,20 @@ class ReplicaPool:
         params = params or SamplingParams()
         req = prompt if isinstance(prompt, VLMRequest) else await asyncio.to_thread(self.frontend.prepare, prompt)
         key = affinity_key(req, affinity)
-        index = self.router.pick(key, params.n)
-        slot = self.supervisor.slots[index]
-        handle, incarnation = slot.handle, slot.incarnation
+        light, media = self.media.detach(req)  # pixels by reference, once per content hash; the rest inline
+        index, handle, incarnation = self._route(key, params.n)
         self._inflight[request_id] = (index, handle)
         finished = False
+        call: Any = None
         try:
-            light, media = self.media.detach(req)  # pixels by reference, once per content hash; the rest inline
             if not stream:
-                out: RequestOutput = await handle.generate_final.remote(light, media, params, request_id, key)
+                call = handle.generate_final.remote(light, media, params, request_id, key)
+                out: RequestOutput = await call
                 finished = out.finished
                 yield out
                 return
-            async for out_ref in handle.generate.options(num_returns="streaming").remote(
-                    light, media, params, request_id, key):
+            call = handle.generate.options(num_returns="streaming").remote(light, media, params, request_id, key)
+            async for out_ref in call:
                 out = await out_ref
                 finished = out.finished
                 yield out
@@ -132,22 +151,25 @@ class ReplicaPool:
             raise ReplicaUnavailableError(f"replica {index} ended request {request_id!r} without a final output")
         except RayTaskError as exc:
             raise _unwrap(exc) from None
-        except RayError as exc:
-            reason = describe_failure(exc)
-            self.supervisor.mark_down(index, incarnation, reason)
-            raise ReplicaUnavailableError(
-                f"engine replica {index} failed while serving request {request_id!r} ({reason}); the request was "
-                "not completed and was not retried: send it again") from None
+        except RayActorError as exc:  # the actor died or cannot be reached: it leaves routing now
+            raise self._died(index, incarnation, exc, request_id) from None
+        except RayError as exc:  # lost objects and the like: this request fails, the replica stays
+            raise ReplicaUnavailableError(f"request {request_id!r} failed on engine replica {index} "
+                                          f"({describe_failure(exc)}); send it again") from None
         finally:
             self._inflight.pop(request_id, None)
             self.router.release(index, params.n)
             if not finished:
-                self._abort_on(handle, request_id)
+                self._abandon(handle, call, request_id)
 
     @staticmethod
-    def _abort_on(handle: Any, request_id: str) -> None:
+    def _abandon(handle: Any, call: Any, request_id: str) -> None:
+        """Stop a request nobody waits for: cancel the actor call (also before it ran, which an abort message could
+        overtake) and abort it in the engine. Both are fire and forget."""
         try:
-            handle.abort.remote(request_id)  # fire and forget: the replica frees the request's KV blocks
+            if call is not None:
+                ray.cancel(call)
+            handle.abort.remote(request_id)
         except RayError:
             pass
 
@@ -155,18 +177,26 @@ class ReplicaPool:
         """Abort on the replica serving it; its stream then ends with finish_reason "abort"."""
         found = self._inflight.get(request_id)
         if found is not None:
-            self._abort_on(found[1], request_id)
+            try:
+                found[1].abort.remote(request_id)
+            except RayError:
+                pass
 
     # fan-out to every replica
     async def _fan_out(self, method: str, *args: Any) -> list[Any]:
+        """Call `method` on every up replica; the first replica-side error is raised once all have answered. A
+        replica that died meanwhile is left to the supervisor, which restarts it in the current state."""
         slots = self.supervisor.up_slots()
         refs = [getattr(slot.handle, method).remote(*args) for slot in slots]
         results = await asyncio.gather(*refs, return_exceptions=True)
+        failed = None
         for slot, result in zip(slots, results, strict=True):
             if isinstance(result, RayTaskError):
-                raise _unwrap(result)
-            if isinstance(result, RayError):  # died meanwhile: the supervisor restarts it in the current state
+                failed = failed or _unwrap(result)
+            elif isinstance(result, RayError):
                 self.supervisor.mark_down(slot.index, slot.incarnation, describe_failure(result))
+        if failed is not None:
+            raise failed
         return [r for r in results if not isinstance(r, BaseException)]
 
     async def set_frozen(self, frozen: bool) -> None:
@@ -178,8 +208,18 @@ class ReplicaPool:
         """One copy of the bucket in the object store, read by every replica; journaled for restarts."""
         ref = ray.put(bucket)
         with self.supervisor.lock:
-            self.supervisor.journal.record(ref, [name for name, _ in bucket], version)
-        await self._fan_out("update_weights", ref, version)
+            entry = self.supervisor.journal.record(ref, [name for name, _ in bucket], version)
+        try:
+            await self._fan_out("update_weights", ref, version)
+        except Exception as exc:  # some replicas may hold the bucket, some not: start them all again from the
+            with self.supervisor.lock:  # checkpoint and the journal without it, so every replica agrees again
+                self.supervisor.journal.forget(entry)
+            for slot in self.supervisor.up_slots():
+                self.supervisor.mark_down(slot.index, slot.incarnation, f"a refit failed ({describe_failure(exc)}); "
+                                          "restarting so that every replica holds the same weights")
+            raise
+        with self.supervisor.lock:
+            self.supervisor.journal.commit(entry)
         self._version = version  # moves once every replica that is up has the bucket
 
     async def reset_caches(self) -> None:

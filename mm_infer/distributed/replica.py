@@ -20,25 +20,29 @@ from mm_infer.engine.request import VLMRequest
 from mm_infer.engine.sampling import SamplingParams
 
 
-def pin_process(cpu: int) -> None:
-    """Pin every thread of this process (Ray's own included) to one core; threads started later inherit it."""
+def pin_process(index: int) -> int | None:
+    """Pin every thread of this process (Ray's own included) to core `index` modulo the cores this process may
+    use on its own node; threads started later inherit it. Returns the core (None where pinning is unsupported)."""
     if not hasattr(os, "sched_setaffinity"):
-        return
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    cpu = cores[index % len(cores)]
     tasks = Path("/proc/self/task")
     for tid in [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]:
         try:
             os.sched_setaffinity(tid, {cpu})
         except OSError:  # a thread that just exited
             pass
+    return cpu
 
 
 class EngineReplica:
     """The body of a Ray actor (wrapped with ray.remote by the pool). Requests arrive prepared (VLMRequest)."""
 
-    def __init__(self, index: int, model_dir: str, options: dict[str, Any], cpu: int | None = None,
+    def __init__(self, index: int, model_dir: str, options: dict[str, Any], pin_cpu: bool = False,
                  stream_interval_s: float = 0.02) -> None:
-        if cpu is not None:
-            pin_process(cpu)
+        if pin_cpu:
+            pin_process(index)
             torch.set_num_threads(1)
         self.index = index
         self.core = LLMEngine.from_options(model_dir, **options)
@@ -93,7 +97,7 @@ class EngineReplica:
         core = self.core
         return {**core.stats(), "alive": self.stream.is_alive, "waiting": len(core.scheduler.waiting),
                 "running": len(core.scheduler.running), "weight_version": core.weight_version,
-                "requests": self.requests, "frozen": self.stream.frozen}
+                "requests": self.requests, "frozen": self.stream.frozen, "stalled_s": self.stream.stalled_for()}
 
     def counters(self) -> dict[str, Any]:
         return {"index": self.index, "requests": self.requests, "requests_by_key": dict(self.requests_by_key),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ class PoolConfig:
     num_gpus_per_replica: float | None = None  # None: 1 when this host has CUDA, else 0
     health_interval_s: float = 1.0
     health_timeout_s: float = 10.0
+    stall_timeout_s: float = 120.0  # a replica with work whose engine made no progress this long is restarted
     startup_timeout_s: float = 300.0
     restart: bool = True
     spill_slack: int = 64  # a pinned replica may hold this many more sequences than the least loaded one
@@ -32,11 +32,10 @@ class PoolConfig:
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
 
-    def cpu_for(self, index: int) -> int | None:
-        if not self.pin_cpus or (self.num_gpus_per_replica or 0) > 0 or not hasattr(os, "sched_getaffinity"):
-            return None
-        cores = sorted(os.sched_getaffinity(0))
-        return cores[index % len(cores)]
+    @property
+    def pins_cpus(self) -> bool:
+        """CPU replicas pin themselves: replica i to core i modulo the cores of the node it runs on."""
+        return self.pin_cpus and not (self.num_gpus_per_replica or 0) > 0
 
 
 @dataclass

@@ -19,9 +19,13 @@ from mm_infer.distributed.slots import PoolConfig, ReplicaSlot
 log = logging.getLogger(__name__)
 
 
+class _Stopping(Exception):
+    """The pool is shutting down: start nothing new."""
+
+
 class Supervisor:
     """Owns the slots and the weight journal. `lock` guards slot state, the journal and `frozen`; no Ray call is
-    awaited while it is held, except the final catch-up check of a restart."""
+    awaited while it is held. Health checks run on one thread; each restart on a thread of its own."""
 
     def __init__(self, config: PoolConfig, router: Router) -> None:
         self.config = config
@@ -33,6 +37,7 @@ class Supervisor:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mm-infer-replica-supervisor", daemon=True)
+        self._restarting: dict[int, threading.Thread] = {}
 
     # start-up and restarts
     def _actor_class(self) -> Any:
@@ -43,20 +48,24 @@ class Supervisor:
     def _spawn(self, slot: ReplicaSlot) -> Any:
         cfg = self.config
         with self.lock:
+            if self._stop.is_set():
+                raise _Stopping()
             slot.incarnation += 1
             slot.state = "starting"
             slot.applied_seq = -1
-            slot.handle = self._actor_class().options(name=None).remote(
-                slot.index, cfg.model_dir, dict(cfg.engine_options), cfg.cpu_for(slot.index), cfg.stream_interval_s)
+            slot.handle = self._actor_class().remote(slot.index, cfg.model_dir, dict(cfg.engine_options),
+                                                     cfg.pins_cpus, cfg.stream_interval_s)
             return slot.handle.describe.remote()
 
     def _catch_up(self, slot: ReplicaSlot) -> None:
-        """Apply the journal entries this incarnation lacks, then mark it up (under the lock once nothing is left)."""
+        """Apply the journal entries and pause state this incarnation lacks, outside the lock; mark it up under
+        the lock once nothing changed meanwhile (a refit or pause that lands later reaches it by fan-out)."""
+        frozen_applied: bool | None = None
         while True:
             with self.lock:
                 pending = self.journal.since(slot.applied_seq)
-                if not pending:
-                    ray.get(slot.handle.set_frozen.remote(self.frozen), timeout=self.config.health_timeout_s)
+                frozen = self.frozen
+                if not pending and frozen_applied == frozen:
                     slot.state = "up"
                     self.router.set_up(slot.index, True)
                     return
@@ -64,30 +73,52 @@ class Supervisor:
                 ray.get(slot.handle.update_weights.remote(entry.ref, entry.version),
                         timeout=self.config.startup_timeout_s)
                 slot.applied_seq = entry.seq
+            ray.get(slot.handle.set_frozen.remote(frozen), timeout=self.config.health_timeout_s)
+            frozen_applied = frozen
 
     def start_all(self) -> None:
-        """Start every replica in parallel and wait until each has loaded the model."""
+        """Start every replica in parallel and wait until each has loaded the model; on failure kill them all."""
         for slot in self.slots:
             self.router.set_up(slot.index, False)
-        ready = [self._spawn(slot) for slot in self.slots]
-        infos = ray.get(ready, timeout=self.config.startup_timeout_s)
-        for slot, info in zip(self.slots, infos, strict=True):
-            slot.info = info
-            self._catch_up(slot)
+        try:  # a replica that cannot start at all (bad checkpoint, no device) fails the pool's start-up
+            ready = [self._spawn(slot) for slot in self.slots]
+            infos = ray.get(ready, timeout=self.config.startup_timeout_s)
+            for slot, info in zip(self.slots, infos, strict=True):
+                slot.info = info
+                self._catch_up(slot)
+        except BaseException:
+            self.stop()
+            raise
         self._thread.start()
 
     def _restart(self, slot: ReplicaSlot) -> None:
-        if time.monotonic() < slot.retry_at:
-            return
         try:
             slot.info = ray.get(self._spawn(slot), timeout=self.config.startup_timeout_s)
             self._catch_up(slot)
             slot.restarts += 1
             slot.failed_starts = 0
+            if self._stop.is_set():  # stop() ran while this one started: it may have missed the new actor
+                ray.kill(slot.handle, no_restart=True)
+        except _Stopping:
+            return
         except RayError as exc:  # could not start (yet): stay down, retry with exponential backoff (max 60 s)
             slot.failed_starts += 1
             slot.retry_at = time.monotonic() + min(2.0 ** slot.failed_starts, 60.0)
             self.mark_down(slot.index, slot.incarnation, f"restart failed: {describe_failure(exc)}")
+        except Exception:
+            log.exception("replica %d: restart failed", slot.index)
+            slot.retry_at = time.monotonic() + 60.0
+            self.mark_down(slot.index, slot.incarnation, "restart failed (see the server log)")
+
+    def _restart_later(self, slot: ReplicaSlot) -> None:
+        """Start a restart thread for a down slot unless one runs or its backoff has not passed."""
+        running = self._restarting.get(slot.index)
+        if (running is not None and running.is_alive()) or time.monotonic() < slot.retry_at:
+            return
+        thread = threading.Thread(target=self._restart, args=(slot,), name=f"mm-infer-restart-{slot.index}",
+                                  daemon=True)
+        self._restarting[slot.index] = thread
+        thread.start()
 
     # failures
     def mark_down(self, index: int, incarnation: int, reason: str) -> bool:
@@ -109,15 +140,22 @@ class Supervisor:
         return True
 
     def _check(self, slot: ReplicaSlot) -> None:
+        incarnation = slot.incarnation
         try:
-            slot.gauges = ray.get(slot.handle.ping.remote(), timeout=self.config.health_timeout_s)
-            if not slot.gauges.get("alive", False):
-                self.mark_down(slot.index, slot.incarnation, "its engine loop stopped")
+            gauges = ray.get(slot.handle.ping.remote(), timeout=self.config.health_timeout_s)
         except GetTimeoutError:
-            self.mark_down(slot.index, slot.incarnation,
+            self.mark_down(slot.index, incarnation,
                            f"no answer to a health check within {self.config.health_timeout_s:g} s")
+            return
         except RayError as exc:
-            self.mark_down(slot.index, slot.incarnation, f"health check failed: {describe_failure(exc)}")
+            self.mark_down(slot.index, incarnation, f"health check failed: {describe_failure(exc)}")
+            return
+        slot.gauges = gauges
+        if not gauges.get("alive", False):
+            self.mark_down(slot.index, incarnation, "its engine loop stopped")
+        elif gauges.get("stalled_s", 0.0) > self.config.stall_timeout_s:
+            self.mark_down(slot.index, incarnation, f"its engine made no progress for {gauges['stalled_s']:.0f} s "
+                           "with requests pending")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -128,9 +166,9 @@ class Supervisor:
                     if slot.state == "up":
                         self._check(slot)
                     if slot.state == "down" and self.config.restart:
-                        self._restart(slot)
+                        self._restart_later(slot)
                 except Exception:  # the watcher must outlive any one replica's trouble
-                    log.exception("replica %d: health check or restart failed", slot.index)
+                    log.exception("replica %d: health check failed", slot.index)
             self._wake.wait(self.config.health_interval_s)
             self._wake.clear()
 
@@ -144,8 +182,11 @@ class Supervisor:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         for slot in self.slots:
-            if slot.handle is not None:
+            with self.lock:
+                slot.state = "down"
+                handle = slot.handle
+            if handle is not None:
                 try:
-                    ray.kill(slot.handle, no_restart=True)
+                    ray.kill(handle, no_restart=True)
                 except Exception:
                     pass

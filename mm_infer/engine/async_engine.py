@@ -25,7 +25,8 @@ class AsyncEngine:
         self.engine = engine
         self._lock = threading.Lock()  # one step, or one control call (add, abort, refit), at a time
         self._waiters = 0  # control calls waiting for the lock: the loop lets them in before its next step
-        self._waiters_lock = threading.Lock()
+        self._no_waiters = threading.Condition()
+        self.last_progress = time.monotonic()  # end of the last step or control call
         self._wake = threading.Event()
         self._stop = False
         self.frozen = False  # while True the loop steps nothing: running requests keep their state (pause "keep")
@@ -85,9 +86,16 @@ class AsyncEngine:
         """True while the stepping thread runs (False after shutdown or if it died)."""
         return self._thread.is_alive() and not self._stop
 
+    def stalled_for(self) -> float:
+        """Seconds since the loop last made progress while it had work and was not frozen (0 when fine)."""
+        if self.frozen or not self.engine.has_unfinished():
+            return 0.0
+        return max(time.monotonic() - self.last_progress, 0.0)
+
     def set_frozen(self, frozen: bool) -> None:
         """Freeze (no step runs; queued and running requests wait with their KV) or thaw the loop."""
         self.frozen = frozen
+        self.last_progress = time.monotonic()  # a long freeze is not a stall
         self._wake.set()
 
     def run_locked(self, fn: Callable[..., T], *args: Any) -> T:
@@ -99,14 +107,17 @@ class AsyncEngine:
     def _control(self) -> Iterator[None]:
         """The step lock for a call from outside the loop. A plain Lock is not fair: the loop would take it back
         step after step and starve an abort or a refit until the engine went idle, so the loop waits for us."""
-        with self._waiters_lock:
+        with self._no_waiters:
             self._waiters += 1
         try:
             with self._lock:
                 yield
+                self.last_progress = time.monotonic()
         finally:
-            with self._waiters_lock:
+            with self._no_waiters:
                 self._waiters -= 1
+                if not self._waiters:
+                    self._no_waiters.notify_all()
 
     def _deliver(self, rid: str, item: Any, last: bool) -> None:
         if last:
@@ -120,13 +131,16 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         while not self._stop:
-            while self._waiters and not self._stop:
-                time.sleep(0.0002)  # a control call is waiting for the lock: let it in first
+            with self._no_waiters:  # a control call is waiting for the lock: let it in first
+                while self._waiters and not self._stop:
+                    self._no_waiters.wait(timeout=0.1)
             try:
                 with self._lock:
                     busy = not self.frozen and self.engine.has_unfinished()
                     snapshots = len(self._final_only) < len(self._streams)  # someone streams: build them
                     outputs = self.engine.step(stream=snapshots) if busy else None
+                    if busy:
+                        self.last_progress = time.monotonic()
                     for out in outputs or ():
                         self._deliver(out.request_id, out, out.finished)
             except Exception as exc:  # the engine is broken: fail every open stream rather than hang

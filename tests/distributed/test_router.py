@@ -83,15 +83,27 @@ def test_affinity_key_prefers_the_caller_then_media_then_the_prompt():
     assert same != affinity_key(_request([1, 2, 4], []))
 
 
-def test_weight_journal_drops_entries_overwritten_later():
+def test_weight_journal_drops_entries_overwritten_by_a_committed_refit():
     journal = WeightJournal()
     a = journal.record("ref-a", ["x", "y"], 1)
+    journal.commit(a)
     b = journal.record("ref-b", ["y"], 2)
+    journal.commit(b)
     assert [e.ref for e in journal.since(-1)] == ["ref-a", "ref-b"]
     c = journal.record("ref-c", ["x"], 3)
+    assert [e.ref for e in journal.since(-1)] == ["ref-a", "ref-b", "ref-c"], "nothing dropped before the commit"
+    journal.commit(c)
     assert [e.ref for e in journal.since(-1)] == ["ref-b", "ref-c"], "every tensor of ref-a was overwritten"
     assert [e.ref for e in journal.since(b.seq)] == ["ref-c"]
     assert journal.since(c.seq) == [] and a.seq < b.seq < c.seq
+
+
+def test_a_failed_refit_is_forgotten_and_leaves_the_older_weights():
+    journal = WeightJournal()
+    journal.commit(journal.record("ref-a", ["x"], 1))
+    bad = journal.record("ref-bad", ["x"], 2)
+    journal.forget(bad)
+    assert [e.ref for e in journal.since(-1)] == ["ref-a"]
 
 
 def test_describe_failure_is_one_bounded_line():
@@ -109,8 +121,8 @@ async def _source(items: list[int], delay: float, fail: bool = False):
 
 
 def test_latest_only_skips_overtaken_items_but_always_sends_the_last():
-    async def run() -> list[int]:
-        return [x async for x in latest_only(_source(list(range(20)), 0.001), 0.02)]
+    async def run() -> list[int]:  # the source never sleeps: it runs ahead while the consumer waits its interval
+        return [x async for x in latest_only(_source(list(range(20)), 0.0), 0.05)]
 
     got = asyncio.run(run())
     assert got[-1] == 19 and got == sorted(got) and len(got) < 20
