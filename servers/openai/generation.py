@@ -24,6 +24,12 @@ class ClientGone(Exception):
     """The client went away; its request was aborted and its KV blocks freed."""
 
 
+def output_version(state: ServerState, out: RequestOutput | None) -> int:
+    """The weight version that produced `out` (a replica stamps it), else the engine's current one."""
+    stamped = out.extra.get("weight_version") if out is not None else None
+    return state.weight_version if stamped is None else int(stamped)
+
+
 def aborted_error() -> ApiError:
     return ApiError(503, "the request was aborted before it finished", type="aborted")
 
@@ -50,9 +56,7 @@ class Generation:
         self._closed = False
 
     def _leave(self, last: RequestOutput | None = None) -> None:
-        # before leaving: a refit may wait for this very moment. A replica stamps the version that produced it.
-        stamped = last.extra.get("weight_version") if last is not None else None
-        self.weight_version = self.state.weight_version if stamped is None else int(stamped)
+        self.weight_version = output_version(self.state, last)  # before leaving: a refit may wait for this moment
         if self.ticket is not None:
             self.state.gate.leave(self.ticket)
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from mm_infer.engine.outputs import RequestOutput
 from servers.openai.errors import from_exception
-from servers.openai.generation import aborted_error
+from servers.openai.generation import aborted_error, output_version
 from servers.openai.parsers import Parsed
 from servers.openai.protocol import ChatCompletionRequest
 from servers.openai.responses_build import ItemIds, finish_response, parse_output
@@ -135,7 +135,7 @@ async def response_events(state: ServerState, head: ResponseObject, chat: ChatCo
                 yield ev("error", code=str(err.status), message=err.message, param=None)
                 return
             if comp.finish_reason is not None:
-                final, version = out, state.weight_version  # still in flight: no refit can have run yet
+                final, version = out, output_version(state, out)  # still in flight: no refit can have run yet
                 break
             for event in progress.advance(parse_output(state, chat, visible_text(comp.text, False, chat.stop),
                                                        False)):

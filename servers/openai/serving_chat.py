@@ -11,7 +11,7 @@ from fastapi import Request
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.chat_prompt import build_chat_prompt
 from servers.openai.errors import from_exception
-from servers.openai.generation import ClosingStreamingResponse, Generation, watch
+from servers.openai.generation import ClosingStreamingResponse, Generation, output_version, watch
 from servers.openai.parsers import Parsed
 from servers.openai.protocol import ChatCompletionRequest
 from servers.openai.responses import (
@@ -109,9 +109,9 @@ def _sse(chunk: ChatCompletionChunk) -> str:
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
                   created: int) -> AsyncIterator[str]:
-    def head() -> dict:
+    def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
-                "weight_version": state.weight_version}
+                "weight_version": output_version(state, out)}
 
     sent = [_Sent() for _ in range(req.n)]
     last: RequestOutput | None = None
@@ -129,7 +129,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
             choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
                        if not sent[c.index].done and (len(c.token_ids) > sent[c.index].tokens or c.finish_reason)]
             if choices:
-                yield _sse(ChatCompletionChunk(**head(), choices=choices))
+                yield _sse(ChatCompletionChunk(**head(out), choices=choices))
     except Exception as exc:  # an engine failure mid-stream becomes an error event, not a cut connection
         err = from_exception(exc)
         yield sse_error(err.status, err.message, type=err.type)
@@ -137,7 +137,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         await stream.aclose()
         await gen.aclose(last)
     if last is not None and req.stream_options is not None and req.stream_options.include_usage and last.finished:
-        yield _sse(ChatCompletionChunk(**head(), choices=[], usage=usage(last)))
+        yield _sse(ChatCompletionChunk(**head(last), choices=[], usage=usage(last)))
     yield "data: [DONE]\n\n"
 
 

@@ -11,7 +11,7 @@ from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.errors import ApiError, from_exception
-from servers.openai.generation import ClosingStreamingResponse, Generation, merge_streams, watch
+from servers.openai.generation import ClosingStreamingResponse, Generation, merge_streams, output_version, watch
 from servers.openai.protocol import CompletionRequest
 from servers.openai.responses import CompletionChoice, CompletionResponse, Usage
 from servers.openai.sampling import to_sampling_params
@@ -75,9 +75,9 @@ def _delta(state: ServerState, req: CompletionRequest, c: CompletionOutput, sent
 
 async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str,
                   created: int) -> AsyncIterator[str]:
-    def head() -> dict:
+    def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
-                "weight_version": state.weight_version}
+                "weight_version": output_version(state, out)}
 
     sent = [_Sent() for _ in range(len(gens) * req.n)]
     last: dict[int, RequestOutput] = {}
@@ -90,7 +90,7 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
             choices = [_delta(state, req, c, sent[i * req.n + c.index], i * req.n + c.index) for c in out.outputs
                        if len(c.token_ids) > sent[i * req.n + c.index].tokens or c.finish_reason]
             if choices:
-                chunk = CompletionResponse(**head(), choices=choices)
+                chunk = CompletionResponse(**head(out), choices=choices)
                 yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
     except Exception as exc:  # an engine failure mid-stream becomes an error event, not a cut connection
         err = from_exception(exc)

@@ -199,3 +199,86 @@ def test_a_replica_that_cannot_restart_stays_down_with_backoff_while_the_other_s
         assert time.monotonic() < deadline, "the replica did not come back once it could start"
         time.sleep(0.2)
     assert ray.get(pool.supervisor.slots[0].handle.ping.remote())["weight_version"] == pool.weight_version
+
+
+def _wait_up(server: BackgroundServer, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while gauge(server, "replicas_up") < 2:
+        assert time.monotonic() < deadline, "the replicas did not all come up"
+        time.sleep(0.2)
+
+
+def _in_background(server: BackgroundServer, body: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.update(r=httpx.post(
+        f"{server.base_url}/v1/chat/completions", json=body, timeout=180)))
+    worker.start()
+    return worker, result
+
+
+def _running_somewhere(pool: ReplicaPool) -> int:
+    deadline = time.monotonic() + 60
+    while True:
+        for slot in pool.supervisor.up_slots():
+            if ray.get(slot.handle.ping.remote())["running"]:
+                return slot.index
+        assert time.monotonic() < deadline, "no request started on any replica"
+        time.sleep(0.02)
+
+
+def test_pause_modes_reach_every_replica(server):
+    def generated(replica: Any) -> int:  # runs inside the actor (a local function travels by value)
+        return sum(len(s.token_ids) for g in replica.core.groups.values() for s in g.seqs)
+
+    pool = pool_of(server)
+    _wait_up(server)
+    base = server.base_url
+    # keep: in-flight work freezes on its replica and resumes where it was
+    worker, result = _in_background(server, chat_body("kept across a pause", max_tokens=200))
+    index = _running_somewhere(pool)
+    assert httpx.post(f"{base}/pause", json={"mode": "keep"}).json()["num_paused_requests"] == 1
+    assert [ray.get(s.handle.ping.remote())["frozen"] for s in pool.supervisor.slots] == [True, True]
+    handle = pool.supervisor.slots[index].handle
+    tokens = ray.get(handle.__ray_call__.remote(generated))
+    time.sleep(0.5)
+    assert ray.get(handle.__ray_call__.remote(generated)) == tokens > 0 and worker.is_alive()
+    httpx.post(f"{base}/resume")
+    worker.join(timeout=120)
+    assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] == 200
+    # abort: in-flight work ends as a 503, never as a completion
+    worker, result = _in_background(server, chat_body("aborted by a pause", max_tokens=600))
+    _running_somewhere(pool)
+    assert httpx.post(f"{base}/pause", json={"mode": "abort"}, timeout=60).json()["num_paused_requests"] == 1
+    worker.join(timeout=60)
+    assert result["r"].status_code == 503 and "aborted" in result["r"].text
+    httpx.post(f"{base}/resume")
+    # wait: the pause returns once in-flight work finished
+    worker, result = _in_background(server, chat_body("finished before the pause returns", max_tokens=40))
+    _running_somewhere(pool)
+    assert httpx.post(f"{base}/pause", json={"mode": "wait"}, timeout=120).json()["num_paused_requests"] == 1
+    assert not worker.join(timeout=10) and result["r"].status_code == 200
+    httpx.post(f"{base}/resume")
+
+
+def test_a_replica_whose_engine_hangs_is_replaced_and_its_requests_get_503(server):
+    pool = pool_of(server)
+    _wait_up(server)
+    good = pool.supervisor.config
+    pool.supervisor.config = type(good)(**{**good.__dict__, "stall_timeout_s": 1.0})
+    try:
+        worker, result = _in_background(server, chat_body("stuck", max_tokens=600))
+        index = _running_somewhere(pool)
+        victim = pool.supervisor.slots[index]
+        restarts = victim.restarts
+        hold = lambda replica: threading.Thread(  # noqa: E731  # the engine's step lock, held for a minute
+            target=replica.stream.run_locked, args=(time.sleep, 60), daemon=True).start()
+        ray.get(victim.handle.__ray_call__.remote(hold))
+        worker.join(timeout=60)
+        assert result["r"].status_code == 503, result["r"].text
+        assert "no progress" in result["r"].json()["error"]["message"]
+        deadline = time.monotonic() + 180
+        while victim.restarts == restarts or victim.state != "up":
+            assert time.monotonic() < deadline, "the hung replica was not replaced"
+            time.sleep(0.2)
+    finally:
+        pool.supervisor.config = good

@@ -203,3 +203,36 @@ def test_refit_fans_out_and_each_replica_matches_a_local_refit(pool, local):
         local.update_weights(original, version=8)
     assert all(e.version == 8 for e in pool.supervisor.journal.since(-1)), "the overwritten refit was compacted"
     assert torch.equal(state[name], load_file(str(CKPT / "model.safetensors"))[name])
+
+
+def test_a_request_abandoned_before_its_first_output_is_cancelled_on_the_replica(pool):
+    params = SamplingParams(max_tokens=600, ignore_eos=True)
+
+    async def abandon_then_retry():
+        task = asyncio.ensure_future(final(pool, text_prompt("abandoned early"), params, "early-exit"))
+        await asyncio.sleep(0.05)  # routed and sent, nothing back yet
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        deadline = time.monotonic() + 20
+        while any(ray.get(s.handle.ping.remote())["running"] for s in pool.supervisor.slots):
+            assert time.monotonic() < deadline, "the abandoned request kept running on its replica"
+            await asyncio.sleep(0.05)
+        return await final(pool, text_prompt("abandoned early"), SamplingParams(max_tokens=3), "early-exit")
+
+    again = run(abandon_then_retry())
+    assert len(again.outputs[0].token_ids) == 3, "the request id is free again on the replica"
+    assert pool.router.load == [0, 0]
+
+
+def test_a_refit_that_fails_on_the_replicas_is_forgotten_and_they_restart_on_the_old_weights(pool):
+    version, restarts = pool.weight_version, [s.restarts for s in pool.supervisor.slots]
+    entries = list(pool.supervisor.journal.since(-1))
+    with pytest.raises(Exception, match="no_such.weight"):
+        run(pool.update_weights([("model.no_such.weight", torch.zeros(3))], version + 1))
+    assert pool.weight_version == version and pool.supervisor.journal.since(-1) == entries
+    deadline = time.monotonic() + 120
+    while [s.restarts for s in pool.supervisor.slots] != [r + 1 for r in restarts] or len(
+            pool.supervisor.up_slots()) < 2:
+        assert time.monotonic() < deadline, "the replicas were not restarted after the failed refit"
+        time.sleep(0.2)
+    assert [ray.get(s.handle.ping.remote())["weight_version"] for s in pool.supervisor.slots] == [version] * 2
