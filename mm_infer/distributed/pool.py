@@ -50,11 +50,11 @@ class ReplicaPool:
     to one replica, streams its snapshots back, and fans refits, freezes and cache resets out to every replica."""
 
     def __init__(self, config: PoolConfig) -> None:
-        if config.num_gpus_per_replica is None:
-            config = PoolConfig(**{**config.__dict__, "num_gpus_per_replica": 1.0 if torch.cuda.is_available()
-                                   else 0.0})
-        self.config = config
         self._owns_ray = ensure_ray(config)
+        if config.num_gpus_per_replica is None:  # the cluster's GPUs, not this node's: a head node may have none
+            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+            config = PoolConfig(**{**config.__dict__, "num_gpus_per_replica": gpus})
+        self.config = config
         engine_config = EngineConfig.from_options(config.model_dir, **config.engine_options)
         self.frontend = PromptFrontend(config.model_dir, engine_config.media)
         self.tokenizer = self.frontend.tokenizer

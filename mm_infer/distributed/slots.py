@@ -18,7 +18,7 @@ class PoolConfig:
     ray_address: str | None = None  # None: use the running Ray, or start a local one
     pin_cpus: bool = True  # CPU replicas: replica i runs on core i (mod the cores Ray may use)
     num_cpus_per_replica: float = 1.0
-    num_gpus_per_replica: float | None = None  # None: 1 when this host has CUDA, else 0
+    num_gpus_per_replica: float | None = None  # None: 1 when the Ray cluster has GPUs, else 0 (CPU replicas)
     health_interval_s: float = 1.0
     health_timeout_s: float = 10.0
     stall_timeout_s: float = 120.0  # a replica with work whose engine made no progress this long is restarted
