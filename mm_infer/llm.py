@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -13,6 +13,27 @@ from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 
 Prompt = str | Mapping[str, Any]
+
+
+def pair_prompts(prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None
+                 ) -> tuple[Sequence[Prompt], list[SamplingParams]]:
+    """One prompt or many, with one SamplingParams for all or one each (vLLM's generate() conventions)."""
+    if isinstance(prompts, (str, Mapping)):
+        prompts = [prompts]
+    params = sampling_params if sampling_params is not None else SamplingParams()
+    params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+    return prompts, params
+
+
+def prepare_all(prepare: Callable[[Prompt], Any], prompts: Sequence[Prompt]) -> list:
+    """Decode media and tokenize every prompt on a thread pool (PIL, PyAV and torch release the GIL)."""
+    workers = min(len(prompts), os.cpu_count() or 1)
+    if workers <= 1:
+        return [prepare(p) for p in prompts]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mm-prepare") as pool:
+        return list(pool.map(prepare, prompts))
 
 
 class LLM:
@@ -31,14 +52,8 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order."""
-        if isinstance(prompts, (str, Mapping)):
-            prompts = [prompts]
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        requests = self._prepare_all(prompts)  # bad input fails before anything is queued
+        prompts, params = pair_prompts(prompts, sampling_params)
+        requests = prepare_all(self.engine.prepare, prompts)  # bad input fails before anything is queued
         ids: list[str] = []
         try:
             for req, p in zip(requests, params, strict=True):
@@ -49,14 +64,6 @@ class LLM:
             self.engine.abort_many(ids)
             raise
         return self._run(ids, use_tqdm)
-
-    def _prepare_all(self, prompts: Sequence[Prompt]) -> list:
-        """Decode media and tokenize every prompt on a thread pool (PIL, PyAV and torch release the GIL)."""
-        workers = min(len(prompts), os.cpu_count() or 1)
-        if workers <= 1:
-            return [self.engine.prepare(p) for p in prompts]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mm-prepare") as pool:
-            return list(pool.map(self.engine.prepare, prompts))
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

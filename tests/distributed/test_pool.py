@@ -14,7 +14,7 @@ import torch
 from replica_cases import CKPT, COLOURS, OPTIONS, image_prompt, png, text_prompt
 from safetensors.torch import load_file
 
-from mm_infer.distributed import PoolConfig, ReplicaPool
+from mm_infer.distributed import PoolConfig, ReplicaPool, generate_batch
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.llm import LLM
 from mm_infer.media import MediaError
@@ -69,6 +69,18 @@ def test_outputs_through_the_pool_equal_one_local_engine(pool, local):
         assert got.prompt_token_ids == ref.prompt_token_ids
         assert got.outputs[0].token_ids == ref.outputs[0].token_ids
         assert got.outputs[0].logprobs == ref.outputs[0].logprobs, "same engine, same math: bit-equal logprobs"
+
+
+def test_generate_batch_keeps_order_and_equals_llm_generate(pool, local):
+    prompts = [image_prompt(png(c)) for c in COLOURS[3:]] + [text_prompt("batch text")]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = generate_batch(pool, prompts, params)
+    want = local.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [w.outputs[0].token_ids for w in want]
+    with pytest.raises(ValueError, match="affinity keys"):
+        generate_batch(pool, prompts, params, affinity_keys=["only-one"])
+    with pytest.raises(MediaError):  # prepared first: nothing was sent
+        generate_batch(pool, [text_prompt("fine"), image_prompt(b"broken")], params)
 
 
 def test_grpo_groups_stick_to_one_replica(pool):
