@@ -59,7 +59,7 @@ class LLM:
             for req, p in zip(requests, params, strict=True):
                 ids.append(f"gen-{self._counter}")
                 self._counter += 1
-                self.engine.add_request(ids[-1], req, p)
+                self.engine.add_request(ids[-1], req, p.final_only())
         except Exception:
             self.engine.abort_many(ids)
             raise
@@ -75,7 +75,7 @@ class LLM:
             bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
         try:
             while len(done) < len(ids) and self.engine.has_unfinished():
-                for out in self.engine.step(stream=False):
+                for out in self.engine.step():
                     if out.finished and out.request_id in wanted and out.request_id not in done:
                         done[out.request_id] = out
                         if bar is not None:

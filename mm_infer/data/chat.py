@@ -8,8 +8,8 @@ from typing import Any
 
 from mm_infer.config import MediaConfig
 from mm_infer.data.tasks import Sample
-from mm_infer.engine.inputs import MediaDefaults, media_defaults
 from mm_infer.media import PackedTensor, preprocess_images, preprocess_videos
+from mm_infer.prompt.media import MediaDefaults, media_defaults
 
 IGNORE = -100
 PAD_TOKEN = {"image": "<|image_pad|>", "video": "<|video_pad|>"}

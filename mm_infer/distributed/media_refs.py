@@ -10,7 +10,7 @@ import numpy as np
 import ray
 import torch
 
-from mm_infer.engine.request import VLMRequest
+from mm_infer.prompt.request import VLMRequest
 
 _EMPTY = torch.empty(0)
 Stored = tuple[np.ndarray, str]  # pixel values as numpy (read zero-copy by replicas) and the torch dtype name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -17,13 +18,13 @@ from mm_infer.distributed.media_refs import MediaRefCache
 from mm_infer.distributed.router import Router, affinity_key
 from mm_infer.distributed.slots import PoolConfig
 from mm_infer.distributed.supervisor import Supervisor
-from mm_infer.engine.frontend import PromptFrontend
 from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.request import VLMRequest
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.models.qwen2_vl import QwenVLModel
-
-Bucket = list[tuple[str, torch.Tensor]]
+from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.preparer import PromptPreparer
+from mm_infer.prompt.request import VLMRequest
+from mm_infer.serving import Bucket, DeltaTracker, wants_deltas
 
 
 def ensure_ray(config: PoolConfig) -> bool:
@@ -56,10 +57,7 @@ class ReplicaPool:
             config = PoolConfig(**{**config.__dict__, "num_gpus_per_replica": gpus})
         self.config = config
         engine_config = EngineConfig.from_options(config.model_dir, **config.engine_options)
-        self.frontend = PromptFrontend(config.model_dir, engine_config.media)
-        self.tokenizer = self.frontend.tokenizer
-        self.placeholder_ids = self.frontend.placeholder_ids
-        self.media_defaults = self.frontend.media_defaults
+        self.preparer = PromptPreparer(config.model_dir, engine_config.media)
         self.router = Router(config.num_replicas, config.spill_slack)
         self.supervisor = Supervisor(config, self.router)
         self._version = engine_config.weight_version
@@ -94,11 +92,11 @@ class ReplicaPool:
         """The model on the meta device: names and shapes for refit checks, no memory."""
         if self._reference is None:
             with torch.device("meta"):
-                self._reference = QwenVLModel(self.frontend.model_config)
+                self._reference = QwenVLModel(self.preparer.model_config)
         return self._reference
 
-    def prepare(self, prompt: str | Mapping[str, Any]) -> VLMRequest:
-        return self.frontend.prepare(prompt)
+    def prepare(self, prompt: str | Mapping[str, Any] | PromptInput) -> VLMRequest:
+        return self.preparer.prepare(prompt)
 
     # requests
     def _route(self, key: str, weight: int) -> tuple[int, Any, int]:
@@ -120,14 +118,17 @@ class ReplicaPool:
             f"engine replica {index} failed while serving request {request_id!r} ({reason}); the request was not "
             "completed and was not retried: send it again")
 
-    async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None,
+    async def generate(self, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest, params: SamplingParams | None,
                        request_id: str, affinity: str | None = None, stream: bool = True
                        ) -> AsyncIterator[RequestOutput]:
         """Snapshots of one request from the replica it was routed to (without `stream`: the final one only, from
         one plain actor call). A replica that dies under it ends the stream with ReplicaUnavailableError (503);
         the request is not retried elsewhere."""
         params = params or SamplingParams()
-        req = prompt if isinstance(prompt, VLMRequest) else await asyncio.to_thread(self.frontend.prepare, prompt)
+        tracker = DeltaTracker() if wants_deltas(params) else None
+        if tracker is not None:  # replicas stream coalesced snapshots; the deltas are taken here
+            params = replace(params, output_kind=RequestOutputKind.CUMULATIVE)
+        req = prompt if isinstance(prompt, VLMRequest) else await asyncio.to_thread(self.preparer.prepare, prompt)
         key = affinity_key(req, affinity)
         light, media = self.media.detach(req)  # pixels by reference, once per content hash; the rest inline
         index, handle, incarnation = self._route(key, params.n)
@@ -145,7 +146,7 @@ class ReplicaPool:
             async for out_ref in call:
                 out = await out_ref
                 finished = out.finished
-                yield out
+                yield out if tracker is None else tracker.delta(out)
                 if finished:
                     return
             raise ReplicaUnavailableError(f"replica {index} ended request {request_id!r} without a final output")

@@ -16,8 +16,8 @@ from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.request import VLMRequest
 from mm_infer.engine.sampling import SamplingParams
+from mm_infer.prompt.request import VLMRequest
 
 
 def pin_process(index: int) -> int | None:
@@ -56,7 +56,7 @@ class EngineReplica:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         return {"index": self.index, "pid": os.getpid(), "cpus": cpus, "max_model_len": runtime.max_model_len,
                 "vocab_size": runtime.vocab_size, "weight_version": self.core.weight_version,
-                "device": str(next(self.core.model.parameters()).device)}
+                "device": str(self.core.device)}
 
     async def _start(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
                      affinity_key: str | None, stream: bool = True) -> AsyncIterator[RequestOutput]:
@@ -95,8 +95,8 @@ class EngineReplica:
     def ping(self) -> dict[str, Any]:
         """Liveness plus the gauges the server exports (read between steps, without the step lock)."""
         core = self.core
-        return {**core.stats(), "alive": self.stream.is_alive, "waiting": len(core.scheduler.waiting),
-                "running": len(core.scheduler.running), "weight_version": core.weight_version,
+        return {**core.stats(), "alive": self.stream.is_alive, "waiting": core.num_waiting,
+                "running": core.num_running, "weight_version": core.weight_version,
                 "requests": self.requests, "frozen": self.stream.frozen, "stalled_s": self.stream.stalled_for()}
 
     def counters(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 from mm_infer.distributed.errors import ReplicaUnavailableError
-from mm_infer.engine.request import VLMRequest
+from mm_infer.prompt.request import VLMRequest
 
 
 def affinity_key(request: VLMRequest, explicit: str | None = None) -> str:

@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.request import VLMRequest
 from mm_infer.engine.sampling import SamplingParams
+from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.request import VLMRequest
 
 T = TypeVar("T")
 
@@ -31,7 +32,6 @@ class AsyncEngine:
         self._stop = False
         self.frozen = False  # while True the loop steps nothing: running requests keep their state (pause "keep")
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
-        self._final_only: set[str] = set()  # streams that want only the final output
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="mm-infer-engine", daemon=True)
         self._thread.start()
@@ -40,14 +40,17 @@ class AsyncEngine:
     def from_options(model_dir: str, **options: Any) -> AsyncEngine:
         return AsyncEngine(LLMEngine.from_options(model_dir, **options))
 
-    async def generate(self, prompt: str | Mapping[str, Any] | VLMRequest, params: SamplingParams | None = None,
-                       request_id: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
-        """Stream snapshots of one request (a prompt, or a VLMRequest prepared elsewhere); without `stream` only
-        the final one (while no open request streams, steps then build no snapshots at all). Cancelling (or
-        closing) the iterator aborts the request."""
+    async def generate(self, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest,
+                       params: SamplingParams | None = None, request_id: str | None = None,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request (a prompt, or a VLMRequest prepared elsewhere) per its params' output_kind;
+        without `stream`, only the final one. Cancelling (or closing) the iterator aborts the request."""
         if not self.is_alive:
             raise RuntimeError("the engine loop is not running (shut down or crashed); no request can be served")
         rid = request_id or f"async-{next(self._ids)}"
+        params = params or SamplingParams()
+        if not stream:
+            params = params.final_only()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         req = prompt if isinstance(prompt, VLMRequest) else \
@@ -55,8 +58,6 @@ class AsyncEngine:
         with self._control():
             self.engine.add_request(rid, req, params)
             self._streams[rid] = (loop, queue)
-            if not stream:
-                self._final_only.add(rid)
         self._wake.set()
         finished = False
         try:
@@ -77,7 +78,6 @@ class AsyncEngine:
         with self._control():
             if not notify:
                 self._streams.pop(request_id, None)
-                self._final_only.discard(request_id)
             self.engine.abort(request_id)
         self._wake.set()
 
@@ -120,10 +120,6 @@ class AsyncEngine:
                     self._no_waiters.notify_all()
 
     def _deliver(self, rid: str, item: Any, last: bool) -> None:
-        if last:
-            self._final_only.discard(rid)
-        elif rid in self._final_only:
-            return
         stream = self._streams.pop(rid, None) if last else self._streams.get(rid)
         if stream is not None:
             loop, queue = stream
@@ -137,8 +133,7 @@ class AsyncEngine:
             try:
                 with self._lock:
                     busy = not self.frozen and self.engine.has_unfinished()
-                    snapshots = len(self._final_only) < len(self._streams)  # someone streams: build them
-                    outputs = self.engine.step(stream=snapshots) if busy else None
+                    outputs = self.engine.step() if busy else None
                     if busy:
                         self.last_progress = time.monotonic()
                     for out in outputs or ():

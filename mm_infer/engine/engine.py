@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -11,42 +10,25 @@ from typing import Any
 
 import torch
 
-from mm_infer.config import EngineConfig, EngineRuntime, SpecialTokens
+from mm_infer.config import EngineConfig
 from mm_infer.engine.block_manager import BlockManager
+from mm_infer.engine.detokenizer import IncrementalDetokenizer
 from mm_infer.engine.encoder_cache import EncoderCache
-from mm_infer.engine.frontend import PromptFrontend
-from mm_infer.engine.model_runner import ModelRunner
-from mm_infer.engine.outputs import RequestMetrics, RequestOutput, check_stop, make_output
-from mm_infer.engine.request import VLMRequest
+from mm_infer.engine.model_runner import ModelRunner, StepOutput
+from mm_infer.engine.outputs import RequestOutput, make_output
+from mm_infer.engine.runtime import build_runtime, pick_device, resolve_dtype
 from mm_infer.engine.sampler import Sampler
-from mm_infer.engine.sampling import SamplingParams
-from mm_infer.engine.scheduler import Scheduler
-from mm_infer.engine.sequence import Sequence, SequenceGroup
+from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
+from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
+from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
+from mm_infer.engine.stopping import check_stop
 from mm_infer.models import load_model
+from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.placeholders import PromptError
+from mm_infer.prompt.preparer import PromptPreparer
+from mm_infer.prompt.request import VLMRequest
 
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-
-
-def _max_positions(model_dir: Path) -> int:
-    raw = json.loads((model_dir / "config.json").read_text())
-    return int((raw.get("text_config") or {}).get("max_position_embeddings") or raw.get("max_position_embeddings")
-               or 32768)
-
-
-def _eos_ids(model_dir: Path, config_eos: int | tuple[int, ...] | None) -> tuple[int, ...]:
-    ids = list(config_eos if isinstance(config_eos, tuple) else [] if config_eos is None else [config_eos])
-    gen = model_dir / "generation_config.json"
-    if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
-    return tuple(dict.fromkeys(int(i) for i in ids))
+__all__ = ["LLMEngine", "resolve_dtype"]
 
 
 class LLMEngine:
@@ -56,125 +38,153 @@ class LLMEngine:
         self.config = config
         if config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)
-        device = torch.device(config.device if config.device != "auto" else
-                              ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = pick_device(config.device)
         model_dir = Path(config.model_dir)
         self.model, mcfg = load_model(model_dir, resolve_dtype(config.dtype, device), device)
-        self.frontend = PromptFrontend(model_dir, config.media, tokenizer, mcfg)
-        self.tokenizer = self.frontend.tokenizer
-        self.placeholder_ids = self.frontend.placeholder_ids
-        special = SpecialTokens(*(getattr(self.placeholder_ids, f) for f in
-                                  ("image_pad_id", "video_pad_id", "vision_start_id", "vision_end_id")),
-                                eos_ids=_eos_ids(model_dir, mcfg.eos_token_id))
+        self.preparer = PromptPreparer(model_dir, config.media, tokenizer, mcfg)
+        self.tokenizer = self.preparer.tokenizer
         cache = config.cache
-        per_block = ModelRunner.kv_bytes_per_block(self.model, cache.block_size)
-        num_blocks = cache.num_kv_blocks or max(cache.kv_cache_memory_bytes // per_block, 1)
-        # one sequence must always fit the pool, or preemption could never make room for it
-        max_len = min(config.scheduler.max_model_len or _max_positions(model_dir), num_blocks * cache.block_size)
-        self.runtime = EngineRuntime(num_blocks, cache.block_size, max_len, mcfg.text.vocab_size,
-                                     mcfg.vision.spatial_merge_size, special)
-        self.media_defaults = self.frontend.media_defaults
+        self.runtime = build_runtime(config, mcfg, self.preparer.placeholder_ids,
+                                     ModelRunner.kv_bytes_per_block(self.model, cache.block_size))
         self.encoder_cache = EncoderCache(cache.encoder_cache_items, config.weight_version)
-        self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
-        self.runner = ModelRunner(self.model, num_blocks, cache.block_size, self.encoder_cache)
+        self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache)
+        special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = frozenset(special.eos_ids)
         self.groups: dict[str, SequenceGroup] = {}
-        self.metrics: dict[str, RequestMetrics] = {}
-        self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step()
+        self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:
         return LLMEngine(EngineConfig.from_options(model_dir, **options), tokenizer)
 
-    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    # --- what outside code may ask of the engine ---------------------------------------------------------------
 
-    def prepare(self, prompt: str | Mapping[str, Any]) -> VLMRequest:
-        return self.frontend.prepare(prompt)
+    @property
+    def placeholder_ids(self) -> Any:
+        return self.preparer.placeholder_ids
 
-    def add_request(self, request_id: str, prompt: str | Mapping[str, Any] | VLMRequest,
+    @property
+    def media_defaults(self) -> Any:
+        return self.preparer.media_defaults
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights now loaded (the encoder cache keys on it)."""
+        return self.encoder_cache.weight_version
+
+    def prepare(self, prompt: str | Mapping[str, Any] | PromptInput) -> VLMRequest:
+        return self.preparer.prepare(prompt)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # --- requests ----------------------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest,
                     params: SamplingParams | None = None) -> None:
         """Prepare the prompt (PromptError / MediaError on bad input) and queue its n samples."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
         req = prompt if isinstance(prompt, VLMRequest) else self.prepare(prompt)
-        room = self.runtime.max_model_len - len(req.prompt_token_ids)
-        if room < 1:
+        if len(req.prompt_token_ids) >= self.runtime.max_model_len:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
                               f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)")
-        group = SequenceGroup(request_id, params, req.placeholders, req.item_patches, payload=req)
-        for i in range(params.n):
-            seq = Sequence(group, req.prompt_token_ids, i)
-            seed = seq.params.seed if seq.params.seed is not None else self._rng.getrandbits(63)
-            seq.generator = torch.Generator(device="cpu").manual_seed(seed)
-            group.seqs.append(seq)
+        group = SequenceGroup(request_id, params, req, metrics=RequestMetrics(time.perf_counter()))
+        group.seqs = [self._new_sequence(group, i) for i in range(params.n)]  # all built before any is queued
+        for seq in group.seqs:
             self.scheduler.add(seq)
         self.groups[request_id] = group
-        self.metrics[request_id] = RequestMetrics(time.perf_counter())
 
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+    def _new_sequence(self, group: SequenceGroup, index: int) -> Sequence:
+        seq = Sequence(group, group.request.prompt_token_ids, index)
+        p = seq.params
+        seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
+        seq.generator = torch.Generator(device="cpu").manual_seed(seed)
+        if p.detokenize and (p.output_kind is not RequestOutputKind.FINAL_ONLY or p.stop_list):
+            seq.detok = IncrementalDetokenizer(self._decode, p.skip_special_tokens, seq.num_prompt_tokens)
+        return seq
 
-    def _output(self, group: SequenceGroup) -> RequestOutput:
-        req: VLMRequest = group.payload
-        return make_output(group, req.prompt_token_ids, req.prompt_text, self._decode,
-                           self.metrics.get(group.request_id))
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # --- the loop ----------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; return the outputs it produced (per each request's output kind) and those of
+        requests aborted since the last step."""
+        outputs, self._aborted = self._aborted, []
+        batch = self.scheduler.schedule()
+        if not batch.chunks:
+            return outputs
+        result = self.runner.run(batch.chunks)
+        self.scheduler.update(batch)
+        return outputs + self._postprocess(batch, result)
+
+    def _postprocess(self, batch: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
+        """Record prompt logprobs, sample, append tokens and text, apply stop rules; outputs of advanced requests."""
+        by_id = {c.seq.seq_id: c.seq for c in batch.chunks}
+        for seq_id, scored in result.prompt_logprobs.items():
+            by_id[seq_id].add_prompt_logprobs(*scored)
+        seqs = [c.seq for c in result.sample_chunks]
+        if not seqs:
+            return []
+        sampled = self.sampler(result.sample_logits, seqs)
+        now = time.perf_counter()
+        advanced: dict[str, SequenceGroup] = {}
+        for i, seq in enumerate(seqs):
+            self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i])
+            seq.group.metrics.first_token_time = seq.group.metrics.first_token_time or now
+            advanced[seq.group.request_id] = seq.group
+        return [out for group in advanced.values() if (out := self._output_of(group)) is not None]
+
+    def _append(self, seq: Sequence, token: int, logprob: float, top: dict[int, float] | None) -> None:
+        seq.token_ids.append(token)
+        seq.logprobs.append(logprob)
+        seq.cumulative_logprob += logprob
+        if top is not None:
+            seq.top_logprobs.append(top)
+        if seq.detok is not None:
+            seq.last_text_chars = len(seq.detok.push(seq.token_ids))
+        stop = check_stop(seq, token, self.eos_ids, self._max_new(seq))
+        if stop is not None:
+            seq.stop_reason = stop[1]
+            self.scheduler.finish(seq, stop[0])
 
     def _max_new(self, seq: Sequence) -> int:
         cap = self.runtime.max_model_len - seq.num_prompt_tokens
         return min(seq.params.max_tokens or cap, cap)
 
-    def step(self, stream: bool = True) -> list[RequestOutput]:
-        """Run one scheduled batch; return snapshots of requests that advanced (all, with stream; else only
-        finished ones) and of requests aborted since the last step."""
-        outputs, self._pending = self._pending, []
-        sched = self.scheduler.schedule()
-        if not sched.chunks:
-            return outputs
-        result = self.runner.run(sched.chunks)
-        self.scheduler.update(sched)
-        for seq_id, (first, lps, tops) in result.prompt_logprobs.items():
-            seq = next(c.seq for c in sched.chunks if c.seq.seq_id == seq_id)
-            if not seq.prompt_logprobs:
-                seq.prompt_logprobs.append(None)
-                seq.prompt_top_logprobs.append(None)
-            assert first == len(seq.prompt_logprobs), "prompt logprobs out of order"
-            seq.prompt_logprobs.extend(lps)
-            seq.prompt_top_logprobs.extend(tops or [None] * len(lps))
-        seqs = [c.seq for c in result.sample_chunks]
-        touched: dict[str, SequenceGroup] = {}
-        if seqs:
-            sampled = self.sampler(result.sample_logits, seqs)
-            now = time.perf_counter()
-            for i, seq in enumerate(seqs):
-                token = sampled.token_ids[i]
-                seq.token_ids.append(token)
-                seq.logprobs.append(sampled.logprobs[i])
-                if sampled.top_logprobs[i] is not None:
-                    seq.top_logprobs.append(sampled.top_logprobs[i])
-                metrics = self.metrics[seq.group.request_id]
-                metrics.first_token_time = metrics.first_token_time or now
-                stop = check_stop(seq, token, self.eos_ids, self._max_new(seq), self._decode)
-                if stop is not None:
-                    seq.stop_reason = stop[1]
-                    self.scheduler.finish(seq, stop[0])
-                touched[seq.group.request_id] = seq.group
-        for group in touched.values():
-            if stream or group.finished:
-                outputs.append(self._output(group))
-            if group.finished:
-                self._release(group)
-        return outputs
+    def _output_of(self, group: SequenceGroup) -> RequestOutput | None:
+        """The group's output for this step (None for a running FINAL_ONLY request); releases finished groups."""
+        out = None
+        if group.finished or group.params.output_kind is not RequestOutputKind.FINAL_ONLY:
+            out = make_output(group, self._decode)
+        if group.finished:
+            self._release(group)
+        return out
 
     def _release(self, group: SequenceGroup) -> None:
         self.groups.pop(group.request_id, None)
-        metrics = self.metrics.pop(group.request_id, None)
-        if metrics is not None:
-            metrics.finished_time = time.perf_counter()
+        group.metrics.finished_time = time.perf_counter()
+
+    # --- control -----------------------------------------------------------------------------------------------
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its partial tokens/logprobs are reported with finish_reason "abort"."""
@@ -184,14 +194,18 @@ class LLMEngine:
         group.aborted = True
         for seq in group.seqs:
             self.scheduler.finish(seq, "abort")
-        out = self._output(group)
+        out = make_output(group, self._decode)
         self._release(group)
-        self._pending.append(out)
+        self._aborted.append(out)
         return out
 
     def abort_many(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
             self.abort(rid)
+
+    def named_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The loaded model's parameters by our module names (refits are checked against these)."""
+        return self.model.named_parameters()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights in place; every weight-derived cache (encoder outputs, prefix KV) is dropped."""
@@ -200,11 +214,6 @@ class LLMEngine:
         load_state_dict_into(self.model, named_tensors)
         self.encoder_cache.set_weight_version(version)
         self.block_manager.reset_prefix_cache()
-
-    @property
-    def weight_version(self) -> int:
-        """The version of the weights now loaded (the encoder cache keys on it)."""
-        return self.encoder_cache.weight_version
 
     def reset_caches(self) -> None:
         """Forget cached vision embeddings and prefix KV (running requests keep their own blocks)."""
@@ -216,4 +225,4 @@ class LLMEngine:
         return {"encoder_calls": self.runner.encoder_calls, "encoder_cache_hits": self.encoder_cache.stats.hits,
                 "prefix_query_tokens": bm.stats.queries, "prefix_hit_tokens": bm.stats.hits,
                 "preemptions": self.scheduler.num_preemptions, "free_blocks": bm.num_free_blocks,
-                "num_blocks": bm.num_blocks}
+                "num_blocks": bm.num_blocks, "num_waiting": self.num_waiting, "num_running": self.num_running}

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mm_infer.engine.batch_plan import BatchPlan
 from mm_infer.engine.encoder_cache import EncoderCache
-from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext, SeqSpan
-from mm_infer.engine.request import MediaItem, VLMRequest
+from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext
 from mm_infer.engine.scheduler import ScheduledChunk
 from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.mrope import decode_positions
+from mm_infer.prompt.request import MediaItem, VLMRequest
 
 # CPU GEMMs give row-invariant results only from this many rows up; pad smaller batches to it.
 MIN_ROWS = 16
@@ -115,92 +116,67 @@ class ModelRunner:
                                       slots.masked_fill(pad, 0).reshape(-1).to(self.device), pad.to(self.device)))
         return groups
 
-    def _chunk_slots(self, chunks: list[ScheduledChunk]) -> tuple[Tensor, list[int]]:
-        """Context slots of multi-token chunks back to back ([sum ctx], long) and each one's offset."""
+    def _context_slots(self, chunks: list[ScheduledChunk]) -> Tensor:
+        """Context slots of multi-token chunks back to back: [sum of their context lengths] long."""
         if not chunks:
-            return torch.empty(0, dtype=torch.long), []
+            return torch.empty(0, dtype=torch.long)
         slots = self._table_slots(chunks)  # [C, W]
         ctx = torch.tensor([c.end for c in chunks])
         keep = torch.arange(slots.shape[1])[None, :] < ctx[:, None]  # [C, W]
-        return slots[keep], (torch.cumsum(ctx, 0) - ctx).tolist()
+        return slots[keep]
+
+    def _inputs(self, plan: BatchPlan) -> tuple[Tensor, Tensor, PagedAttentionContext]:
+        """Device tensors of a plan: input ids [Np], M-RoPE positions [3, Np] and the paged attention context."""
+        ctx_slots = self._context_slots(plan.multi)
+        slot_mapping = torch.empty(len(plan.token_ids), dtype=torch.long)  # [N] cache slot of each token
+        slot_mapping[plan.single_rows] = torch.tensor(plan.single_slots, dtype=torch.long)
+        for sp in plan.spans:
+            slot_mapping[sp.q_start:sp.q_start + sp.q_len] = ctx_slots[sp.ctx_start + sp.ctx_len - sp.q_len:
+                                                                       sp.ctx_start + sp.ctx_len]
+        input_ids = _pad_rows(torch.tensor(plan.token_ids, dtype=torch.long), MIN_ROWS)  # [Np]
+        pos = torch.zeros(3, input_ids.shape[0], dtype=torch.long)  # [3, Np], padding rows at 0
+        for row, req, start, end in plan.prefill:
+            pos[:, row:row + end - start] = self._positions(req, start, end)
+        if plan.decode_rows:
+            pos[:, plan.decode_rows] = torch.tensor(plan.decode_positions, dtype=torch.long)  # same on t, h, w
+        groups = self._decode_groups(plan.singles, plan.single_rows)
+        attn = PagedAttentionContext(self.kv, slot_mapping.to(self.device), ctx_slots.to(self.device), plan.spans,
+                                     groups)
+        return input_ids.to(self.device), pos.to(self.device), attn
+
+    def _embed(self, plan: BatchPlan, input_ids: Tensor) -> Tensor:
+        """Token embeddings [Np, D] with each media slice's vision embeddings written over its pad rows."""
+        embeds = self.model.embed_tokens(input_ids)  # [Np, D]
+        if plan.media:
+            vision = self.encode_items([m.item for m in plan.media])
+            for m in plan.media:
+                embeds[m.row:m.row + m.count] = vision[m.item.content_hash][m.first:m.first + m.count]
+        return embeds
+
+    def _score_prompt(self, plan: BatchPlan, logits: Tensor, out: StepOutput) -> None:
+        """Prompt logprobs (own token and top-k) from the score rows, which follow the sample rows in `logits`."""
+        row = len(plan.sample_rows)
+        for s in plan.scoring:
+            lps = torch.log_softmax(logits[row:row + s.count], dim=-1)  # [count, V]
+            seq = s.chunk.seq
+            targets = torch.tensor(seq.token_ids[s.first_target:s.first_target + s.count], device=lps.device)
+            k = seq.params.prompt_logprobs
+            tops = None
+            if k:
+                values, idx = torch.topk(lps, k, dim=-1)  # [count, k]
+                tops = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), values.tolist(), strict=True)]
+            own = lps.gather(1, targets[:, None])[:, 0].tolist()
+            out.prompt_logprobs[seq.seq_id] = (s.first_target, own, tops)
+            row += s.count
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> StepOutput:
-        single = [c.num_tokens == 1 for c in chunks]
-        ctx_slots, ctx_offsets = self._chunk_slots([c for c, one in zip(chunks, single, strict=True) if not one])
-        offsets = iter(ctx_offsets)
-        ids: list[int] = []
-        single_slots: list[int] = []
-        spans: list[SeqSpan] = []
-        single_rows: list[int] = []
-        prefill: list[tuple[int, Tensor]] = []  # (first row, positions [3, n]) of chunks inside the prompt
-        decode_rows: list[int] = []
-        decode_pos: list[int] = []
-        media: list[tuple[int, int, int, MediaItem]] = []  # (first row, first item token, count, item)
-        sample_rows: list[int] = []
-        score_rows: list[int] = []  # rows whose logits score the next prompt token
-        prompt_rows: list[tuple[ScheduledChunk, int, int]] = []  # chunk, first target index, rows
-        bs = self.block_size
-        for chunk, one in zip(chunks, single, strict=True):
-            seq, base = chunk.seq, len(ids)
-            req: VLMRequest = seq.group.payload
-            ids.extend(seq.token_ids[chunk.start:chunk.end])
-            if one:
-                single_rows.append(base)
-                single_slots.append(seq.block_table[chunk.start // bs] * bs + chunk.start % bs)
-            else:
-                spans.append(SeqSpan(base, chunk.num_tokens, next(offsets), chunk.end))
-            if chunk.num_tokens == 1 and chunk.start >= seq.num_prompt_tokens:
-                decode_rows.append(base)
-                decode_pos.append(chunk.start + req.mrope_delta)
-            else:
-                prefill.append((base, self._positions(req, chunk.start, chunk.end)))
-            for r in seq.items_in(chunk.start, chunk.end):
-                lo, hi = max(chunk.start, r.offset), min(chunk.end, r.end)
-                media.append((base + lo - chunk.start, lo - r.offset, hi - lo, req.items[r.item_index]))
-            if chunk.samples:
-                sample_rows.append(base + chunk.num_tokens - 1)
-            if seq.params.prompt_logprobs is not None:
-                first = max(chunk.start, len(seq.prompt_logprobs) - 1, 0)  # positions already scored are skipped
-                last = min(chunk.end, seq.num_prompt_tokens - 1)
-                if last > first:
-                    prompt_rows.append((chunk, first + 1, last - first))
-                    score_rows.extend(range(base + first - chunk.start, base + last - chunk.start))
-        slot_mapping = torch.empty(len(ids), dtype=torch.long)  # [N] cache slot of each token
-        slot_mapping[single_rows] = torch.tensor(single_slots, dtype=torch.long)
-        for sp in spans:
-            slot_mapping[sp.q_start:sp.q_start + sp.q_len] = ctx_slots[sp.ctx_start + sp.ctx_len - sp.q_len:
-                                                                       sp.ctx_start + sp.ctx_len]
-        input_ids = _pad_rows(torch.tensor(ids, dtype=torch.long), MIN_ROWS)  # [Np]
-        pos = torch.zeros(3, input_ids.shape[0], dtype=torch.long)  # [3, Np], padding rows at 0
-        for row, p in prefill:
-            pos[:, row:row + p.shape[1]] = p
-        if decode_rows:
-            pos[:, decode_rows] = torch.tensor(decode_pos, dtype=torch.long)  # text positions: same on t, h, w
-        embeds = self.model.embed_tokens(input_ids.to(self.device))  # [Np, D]
-        if media:
-            vision = self.encode_items([m[3] for m in media])
-            for row, first, count, item in media:
-                embeds[row:row + count] = vision[item.content_hash][first:first + count]
-        groups = self._decode_groups([c for c, one in zip(chunks, single, strict=True) if one], single_rows)
-        ctx = PagedAttentionContext(self.kv, slot_mapping.to(self.device),
-                                    ctx_slots.to(self.device), spans, groups)
-        hidden = self.model.forward_hidden(embeds, pos.to(self.device), ctx)  # [Np, D]
-        rows = torch.tensor(sample_rows + score_rows, dtype=torch.long, device=self.device)
+        """One forward over the scheduled chunks: plan, tensors, embeddings, LM, logits of the rows that need them."""
+        plan = BatchPlan.build(chunks, self.block_size)
+        input_ids, positions, attn = self._inputs(plan)
+        hidden = self.model.forward_hidden(self._embed(plan, input_ids), positions, attn)  # [Np, D]
+        rows = torch.tensor(plan.sample_rows + plan.score_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(_pad_rows(hidden[rows], MIN_ROWS))[:rows.shape[0]]  # [R, V] float32
-        sample_chunks = [c for c in chunks if c.samples]
-        out = StepOutput(sample_chunks, logits[:len(sample_chunks)])
-        if prompt_rows:
-            row = len(sample_chunks)
-            for chunk, first_target, count in prompt_rows:
-                lps = torch.log_softmax(logits[row:row + count], dim=-1)  # [count, V]
-                targets = torch.tensor(chunk.seq.token_ids[first_target:first_target + count], device=lps.device)
-                k = chunk.seq.params.prompt_logprobs
-                tops = None
-                if k:
-                    values, idx = torch.topk(lps, k, dim=-1)  # [count, k]
-                    tops = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), values.tolist(), strict=True)]
-                own = lps.gather(1, targets[:, None])[:, 0].tolist()
-                out.prompt_logprobs[chunk.seq.seq_id] = (first_target, own, tops)
-                row += count
+        out = StepOutput(plan.sample_chunks, logits[:len(plan.sample_rows)])
+        self._score_prompt(plan, logits, out)
         return out

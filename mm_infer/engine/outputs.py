@@ -1,16 +1,22 @@
-"""RequestOutput / CompletionOutput (vLLM shapes) and the per-token stop rules."""
+"""RequestOutput / CompletionOutput (vLLM shapes), built per the request's output kind: cumulative, delta or final."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from mm_infer.engine.sequence import Sequence, SequenceGroup
+from mm_infer.engine.detokenizer import Decode
+from mm_infer.engine.sampling import RequestOutputKind
+from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
+
+__all__ = ["CompletionOutput", "RequestMetrics", "RequestOutput", "make_output"]
 
 
 @dataclass
 class CompletionOutput:
-    """One sample: generated ids, one logprob per id, text and why it ended (None while running)."""
+    """One sample: generated ids, one logprob per id, text and why it ended (None while running).
+
+    In a DELTA output the lists and the text hold only what is new since the request's previous output."""
 
     index: int
     text: str
@@ -26,17 +32,10 @@ class CompletionOutput:
 
 
 @dataclass
-class RequestMetrics:
-    arrival_time: float
-    first_token_time: float | None = None
-    finished_time: float | None = None
-
-
-@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]  # expanded media placeholders included
+    prompt_token_ids: list[int]  # expanded media placeholders included (shared with the request: do not mutate)
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: list[float | None] | None = None  # each prompt token's own logprob (first: None)
@@ -46,45 +45,61 @@ class RequestOutput:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def check_stop(seq: Sequence, token: int, eos_ids: frozenset[int], max_new_tokens: int,
-               decode: Any) -> tuple[str, int | str | None] | None:
-    """(finish_reason, stop_reason) after `token` was appended to seq, or None to continue."""
+def _held_back(seq: Sequence) -> int:
+    """Characters a running sample keeps back: the start of a stop string may be forming there."""
+    stops = seq.params.stop_list
+    return max(len(s) for s in stops) - 1 if stops else 0
+
+
+def _finish_text(seq: Sequence, decode: Decode) -> str:
+    """The sample's whole text, decoded once when it ends (a stop string may already have fixed it)."""
+    if seq.final_text is None:
+        seq.final_text = decode(seq.output_token_ids, seq.params.skip_special_tokens)
+    return seq.final_text
+
+
+def _text(seq: Sequence, delta: bool, decode: Decode) -> str:
+    if not seq.params.detokenize:
+        return ""
+    if seq.is_finished:
+        text = _finish_text(seq, decode)
+        return text[seq.emitted_chars:] if delta else text
+    if seq.detok is None:
+        return ""
+    committed = seq.detok.committed
+    visible = max(committed.length - _held_back(seq), seq.emitted_chars)
+    if not delta:
+        return committed.value()[:visible]
+    return committed.since(seq.emitted_chars)[:visible - seq.emitted_chars]
+
+
+def sample_output(seq: Sequence, kind: RequestOutputKind, decode: Decode) -> CompletionOutput:
+    """One sample's output: all of it, or (DELTA) only what was not sent before."""
     p = seq.params
-    produced = seq.num_output_tokens
-    if produced >= p.min_tokens:
-        if token in eos_ids and not p.ignore_eos:
-            return "stop", None
-        if token in (p.stop_token_ids or ()):
-            return "stop", token
-        if p.stop_list:
-            seq.text = decode(seq.output_token_ids, p.skip_special_tokens)
-            hits = [(seq.text.find(s), s) for s in p.stop_list if s in seq.text]
-            if hits:
-                at, stop = min(hits)
-                seq.text = seq.text[:at + len(stop)] if p.include_stop_str_in_output else seq.text[:at]
-                return "stop", stop
-    if produced >= max_new_tokens:
-        return "length", None
-    return None
+    delta = kind is RequestOutputKind.DELTA
+    start = seq.emitted_tokens if delta else 0
+    text = _text(seq, delta, decode)
+    ids = seq.output_token_ids if start == 0 else seq.token_ids[seq.num_prompt_tokens + start:]
+    out = CompletionOutput(
+        index=seq.index, text=text, token_ids=ids, logprobs=seq.logprobs[start:],
+        finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+        top_logprobs=seq.top_logprobs[start:] if p.logprobs else None,
+        cumulative_logprob=float(sum(seq.logprobs)) if seq.is_finished else seq.cumulative_logprob)
+    if delta:
+        seq.emitted_tokens += len(ids)
+        seq.emitted_chars += len(text)
+    return out
 
 
-def make_output(group: SequenceGroup, prompt_token_ids: list[int], prompt: str | None, decode: Any,
-                metrics: RequestMetrics | None) -> RequestOutput:
-    """Snapshot of a request; text is decoded here unless a stop string already fixed it."""
-    outs = []
-    for seq in group.seqs:
-        p = seq.params
-        if p.detokenize and not (seq.finish_reason == "stop" and isinstance(seq.stop_reason, str)):
-            seq.text = decode(seq.output_token_ids, p.skip_special_tokens)
-        outs.append(CompletionOutput(
-            index=seq.index, text=seq.text if p.detokenize else "", token_ids=list(seq.output_token_ids),
-            logprobs=list(seq.logprobs), finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-            top_logprobs=list(seq.top_logprobs) if p.logprobs else None,
-            cumulative_logprob=float(sum(seq.logprobs))))
+def make_output(group: SequenceGroup, decode: Decode) -> RequestOutput:
+    """The request's output now, per its output kind (FINAL_ONLY requests are asked only when finished)."""
+    kind = group.params.output_kind
+    outs = [sample_output(seq, kind, decode) for seq in group.seqs]
     first = group.seqs[0]
+    req = group.request
     scored = first.params.prompt_logprobs is not None
     return RequestOutput(
-        request_id=group.request_id, prompt=prompt, prompt_token_ids=list(prompt_token_ids), outputs=outs,
+        request_id=group.request_id, prompt=req.prompt_text, prompt_token_ids=req.prompt_token_ids, outputs=outs,
         finished=group.finished, prompt_logprobs=list(first.prompt_logprobs) if scored else None,
         prompt_top_logprobs=list(first.prompt_top_logprobs) if first.params.prompt_logprobs else None,
-        metrics=metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs))
+        metrics=group.metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs))

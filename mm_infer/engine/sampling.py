@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 
 _GREEDY_EPS = 1e-5
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+class RequestOutputKind(enum.Enum):
+    """What each output of a request carries (vLLM's names)."""
+
+    CUMULATIVE = 0  # everything so far, at every step
+    DELTA = 1  # only what is new since the previous output
+    FINAL_ONLY = 2  # one output, when the request ends
 
 
 @dataclass
@@ -33,6 +42,7 @@ class SamplingParams:
     logprobs_mode: str = "raw_logprobs"
     skip_special_tokens: bool = True
     detokenize: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +86,12 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    def final_only(self) -> SamplingParams:
+        """These params with one output per request, when it ends (batch callers: LLM.generate, rollouts)."""
+        if self.output_kind is RequestOutputKind.FINAL_ONLY:
+            return self
+        return replace(self, output_kind=RequestOutputKind.FINAL_ONLY)
 
     def for_sample(self, index: int) -> SamplingParams:
         """Params of the index-th of n samples: n=1 and, when seeded, seed + index (as vLLM)."""

@@ -7,10 +7,14 @@ import hashlib
 import itertools
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.placeholders import PlaceholderRange
+
+if TYPE_CHECKING:  # the scheduler side stays torch-free: the request (with its tensors) is only a type here
+    from mm_infer.engine.detokenizer import IncrementalDetokenizer
+    from mm_infer.prompt.request import VLMRequest
 
 
 class SequenceStatus(enum.Enum):
@@ -20,16 +24,31 @@ class SequenceStatus(enum.Enum):
 
 
 @dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
 class SequenceGroup:
-    """The samples of one request; `payload` carries the model-side request (tensors), opaque here."""
+    """The samples of one request, and the prepared request they share."""
 
     request_id: str
     params: SamplingParams
-    placeholders: list[PlaceholderRange]
-    item_patches: list[int]  # vision patches per media item (encoder budget), prompt order
-    payload: Any = None
+    request: VLMRequest
     seqs: list[Sequence] = field(default_factory=list)
     aborted: bool = False
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
+
+    @property
+    def placeholders(self) -> list[PlaceholderRange]:
+        return self.request.placeholders
+
+    @property
+    def item_patches(self) -> list[int]:
+        """Vision patches per media item (the encoder budget), prompt order."""
+        return self.request.item_patches
 
     @property
     def finished(self) -> bool:
@@ -61,9 +80,15 @@ class Sequence:
         self.prompt_top_logprobs: list[dict[int, float] | None] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.text = ""
         self.generator: Any = None  # torch.Generator, set by the engine
         self.num_preemptions = 0
+        self.detok: IncrementalDetokenizer | None = None  # set by the engine when text is wanted per step
+        self.last_text_chars = 0  # characters the last token committed
+        self.stop_checked = False  # stop strings searched once over the whole text (at min_tokens)
+        self.final_text: str | None = None  # the whole text, assembled once when the sample ends
+        self.emitted_tokens = 0  # output tokens already sent in delta outputs
+        self.emitted_chars = 0  # characters already sent in delta outputs
+        self.cumulative_logprob = 0.0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -87,6 +112,15 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def add_prompt_logprobs(self, first: int, logprobs: list[float], tops: list[dict[int, float]] | None) -> None:
+        """Scores of prompt tokens first, first+1, ... (chunks arrive in order; the first token has none)."""
+        if not self.prompt_logprobs:
+            self.prompt_logprobs.append(None)
+            self.prompt_top_logprobs.append(None)
+        assert first == len(self.prompt_logprobs), "prompt logprobs out of order"
+        self.prompt_logprobs.extend(logprobs)
+        self.prompt_top_logprobs.extend(tops or [None] * len(logprobs))
 
     def items_in(self, start: int, end: int) -> list[PlaceholderRange]:
         """Placeholder ranges that intersect token positions [start, end)."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from mm_infer.prompt.placeholders import PlaceholderRange
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
@@ -40,6 +43,48 @@ def vision_positions(start: int, grid_thw: Sequence[int], merge: int, time_inter
     return torch.stack(grid).reshape(3, -1)
 
 
+def _interval(kind: int, seconds: float | None, tokens_per_second: float | None) -> float:
+    """Temporal step of one item: tokens_per_second * second_per_grid_t for Qwen2.5-VL videos, else 1."""
+    if kind != VIDEO or tokens_per_second is None:
+        return 1.0
+    return float(torch.tensor(1.0 if seconds is None else seconds, dtype=torch.float32) * tokens_per_second)
+
+
+def positions_for_runs(num_tokens: int, runs: Sequence[tuple[int, Sequence[int], float]],
+                       merge: int) -> tuple[Tensor, int]:
+    """Positions [3, num_tokens] and the decode delta, given each media run's (offset, grid, time interval).
+
+    Text continues at run start + max(h, w)/merge (the transformers 5 rule; transformers 4 and vLLM resume
+    at max(previous positions) + 1, which differs for videos whose temporal span exceeds max(h, w)/merge).
+    """
+    parts: list[Tensor] = []
+    pos = cursor = 0
+    for offset, grid, interval in runs:
+        if offset > cursor:
+            parts.append((torch.arange(offset - cursor) + pos).expand(3, -1))
+            pos += offset - cursor
+        parts.append(vision_positions(pos, grid, merge, interval))
+        pos += max(int(grid[1]), int(grid[2])) // merge
+        cursor = offset + int(grid[0]) * int(grid[1]) * int(grid[2]) // merge**2
+    if num_tokens > cursor:
+        parts.append((torch.arange(num_tokens - cursor) + pos).expand(3, -1))
+    positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+    delta = int(positions.max()) + 1 - num_tokens if num_tokens else 0
+    return positions, delta
+
+
+def mrope_from_placeholders(num_tokens: int, placeholders: Sequence[PlaceholderRange], items: Sequence[Any],
+                            merge: int, tokens_per_second: float | None) -> tuple[Tensor, int]:
+    """M-RoPE of a prepared prompt from its placeholder ranges (no token scan); `items` have grid_thw and
+    second_per_grid_t (MediaItem)."""
+    runs = []
+    for r in placeholders:
+        item = items[r.item_index]
+        kind = VIDEO if r.modality == "video" else IMAGE
+        runs.append((r.offset, item.grid_thw, _interval(kind, item.second_per_grid_t, tokens_per_second)))
+    return positions_for_runs(num_tokens, runs, merge)
+
+
 def get_mrope_positions(
     input_ids: Sequence[int] | Tensor,
     image_grid_thw: Tensor | Sequence[Sequence[int]] | None,
@@ -52,15 +97,13 @@ def get_mrope_positions(
     tokens_per_second: float | None = None,
     second_per_grid_ts: Sequence[float] | Tensor | None = None,
 ) -> tuple[Tensor, int]:
-    """Positions [3, N] for one sequence and the decode delta (next position = seq index + delta).
+    """Positions [3, N] for one sequence and the decode delta (next position = seq index + delta), found by
+    scanning the ids (HF's get_rope_index interface; prepared requests use mrope_from_placeholders).
 
     A maximal run of image (video) pad tokens is one image (video), consumed in order from its grid
-    list; its length must be t*h*w/merge^2. Text continues at run start + max(h, w)/merge (the
-    transformers 5 rule; transformers 4 and vLLM resume at max(previous positions) + 1, which differs
-    for videos whose temporal span exceeds max(h, w)/merge). Videos use time_interval =
-    tokens_per_second * second_per_grid_ts[i] when tokens_per_second is given (Qwen2.5-VL;
-    second_per_grid_ts defaults to 1), else 1 (Qwen2-VL).
-    If vision_start_token_id is given, every run must directly follow that token.
+    list; its length must be t*h*w/merge^2. Videos use time_interval = tokens_per_second *
+    second_per_grid_ts[i] when tokens_per_second is given (Qwen2.5-VL; second_per_grid_ts defaults to 1),
+    else 1 (Qwen2-VL). If vision_start_token_id is given, every run must directly follow that token.
     """
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).cpu()
     types = torch.zeros_like(ids)
@@ -69,33 +112,24 @@ def get_mrope_positions(
     grids = {IMAGE: iter(_as_grid(image_grid_thw)), VIDEO: iter(_as_grid(video_grid_thw))}
     seconds = iter([1.0] * len(_as_grid(video_grid_thw)) if second_per_grid_ts is None
                    else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1).tolist())
-    parts: list[Tensor] = []
-    pos = 0
+    runs = []
     for idx, length, kind in _runs(types):
         if kind == TEXT:
-            parts.append((torch.arange(length) + pos).expand(3, -1))
-            pos += length
-        else:
-            name = "image" if kind == IMAGE else "video"
-            grid = next(grids[kind], None)
-            if grid is None:
-                raise ValueError(f"more {name} token runs than {name} grids")
-            if length != grid[0] * grid[1] * grid[2] // spatial_merge_size**2:
-                raise ValueError(f"{name} run at token {idx} has {length} tokens, grid {grid} needs "
-                                 f"{grid[0] * grid[1] * grid[2] // spatial_merge_size**2}")
-            if vision_start_token_id is not None and (idx == 0 or int(ids[idx - 1]) != vision_start_token_id):
-                raise ValueError(f"{name} run at token {idx} does not follow the vision start token")
-            interval = 1.0
-            if kind == VIDEO and tokens_per_second is not None:
-                interval = float(torch.tensor(next(seconds), dtype=torch.float32) * tokens_per_second)
-            parts.append(vision_positions(pos, grid, spatial_merge_size, interval))
-            pos += max(grid[1], grid[2]) // spatial_merge_size
+            continue
+        name = "image" if kind == IMAGE else "video"
+        grid = next(grids[kind], None)
+        if grid is None:
+            raise ValueError(f"more {name} token runs than {name} grids")
+        if length != grid[0] * grid[1] * grid[2] // spatial_merge_size**2:
+            raise ValueError(f"{name} run at token {idx} has {length} tokens, grid {grid} needs "
+                             f"{grid[0] * grid[1] * grid[2] // spatial_merge_size**2}")
+        if vision_start_token_id is not None and (idx == 0 or int(ids[idx - 1]) != vision_start_token_id):
+            raise ValueError(f"{name} run at token {idx} does not follow the vision start token")
+        runs.append((idx, grid, _interval(kind, next(seconds) if kind == VIDEO else None, tokens_per_second)))
     for kind, it in grids.items():
         if next(it, None) is not None:
             raise ValueError(f"more {'image' if kind == IMAGE else 'video'} grids than token runs")
-    positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
-    delta = int(positions.max()) + 1 - ids.numel() if ids.numel() else 0
-    return positions, delta
+    return positions_for_runs(ids.numel(), runs, spatial_merge_size)
 
 
 def decode_positions(start: int, count: int, delta: int) -> Tensor:

@@ -11,9 +11,13 @@ MODALITIES = ("image", "video")
 
 
 class PromptError(ValueError):
-    """A prompt that cannot be turned into a request; `.status` is the HTTP status (400)."""
+    """A prompt that cannot be turned into a request; `.status` is the HTTP status (400), `.param` the field."""
 
     status: int = 400
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.request import MediaItem, VLMRequest, render_prompt
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.media.packed import PackedTensor
+from mm_infer.prompt.preparer import render_prompt
+from mm_infer.prompt.request import MediaItem, VLMRequest
 from mm_infer.prompt.retokenize import replace_prefix_tokens
 from mm_infer.rl.rollout import RewardFn, RolloutAbortedError, RolloutRow, run_to_completion
 
@@ -78,11 +79,11 @@ def _continuation(first: VLMRequest, ids: list[int], seconds: list[float]) -> di
 
 def _next_prompt(engine: LLMEngine, traj: Trajectory, user_text: str) -> list[int]:
     """Splice the sample's exact ids with the template of (its conversation + the new user message)."""
-    tok = engine.tokenizer
-    prefix = render_prompt(tok, messages=traj.messages, chat_template_kwargs={"add_generation_prompt": False})
+    renderer = engine.preparer.renderer
+    prefix = render_prompt(renderer, messages=traj.messages, chat_template_kwargs={"add_generation_prompt": False})
     traj.messages.append({"role": "user", "content": user_text})
-    full = render_prompt(tok, messages=traj.messages)
-    return replace_prefix_tokens(tok, traj.token_ids(), prefix, full)
+    full = render_prompt(renderer, messages=traj.messages)
+    return replace_prefix_tokens(engine.tokenizer, traj.token_ids(), prefix, full)
 
 
 def generate_multiturn(engine: LLMEngine, rows: Sequence[RolloutRow], next_user: NextUserFn, reward_fn: RewardFn,
@@ -124,7 +125,7 @@ def _submit_and_run(engine: LLMEngine, pending: Mapping[str, tuple[int, int, VLM
     """Queue every pending request (turn 1: n samples each; later: one), run them, fail on any abort."""
     for rid, (_, sample, req) in pending.items():
         p = params if sample < 0 else _one_sample(params, turn, sample)
-        engine.add_request(rid, req, p)
+        engine.add_request(rid, req, p.final_only())
     done = run_to_completion(engine, list(pending))
     out = {}
     for rid, (r, s, _) in pending.items():

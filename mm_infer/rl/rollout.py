@@ -12,8 +12,8 @@ from torch import Tensor
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.request import MediaItem, VLMRequest
 from mm_infer.engine.sampling import SamplingParams
+from mm_infer.prompt.request import MediaItem, VLMRequest
 
 RewardFn = Callable[[str, Any], float]
 _ids = itertools.count()
@@ -88,7 +88,7 @@ def run_to_completion(engine: LLMEngine, request_ids: list[str]) -> dict[str, Re
     done: dict[str, RequestOutput] = {}
     wanted = set(request_ids)
     while len(done) < len(request_ids) and engine.has_unfinished():
-        for out in engine.step(stream=False):
+        for out in engine.step():
             if out.finished and out.request_id in wanted:
                 done[out.request_id] = out
     return done
@@ -105,7 +105,7 @@ def generate_rollouts(engine: LLMEngine, rows: Sequence[RolloutRow], reward_fn: 
     ids = [f"rollout-{next(_ids)}" for _ in rows]
     try:
         for rid, req in zip(ids, requests, strict=True):
-            engine.add_request(rid, req, params)
+            engine.add_request(rid, req, params.final_only())
         outputs = run_to_completion(engine, ids)
     except BaseException:
         engine.abort_many(ids)

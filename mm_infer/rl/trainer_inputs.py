@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mm_infer.engine.request import VLMRequest
+from mm_infer.prompt.request import VLMRequest
 
 MM_TYPE = {"image": 1, "video": 2}
 

@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from mm_infer.config import MediaConfig
-from mm_infer.engine.inputs import media_defaults
-from mm_infer.engine.request import build_vlm_request, flat_token_ids
 from mm_infer.media import PackedTensor, preprocess_images, preprocess_videos
 from mm_infer.prompt import replace_prefix_tokens
+from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.media import media_defaults
 from mm_infer.prompt.placeholders import PlaceholderIds
+from mm_infer.prompt.preparer import build_request
+from mm_infer.prompt.request import items_from_packed
+from mm_infer.prompt.templating import flat_token_ids
 
 PARTS = {"image_url": "image", "input_image": "image", "video_url": "video", "input_video": "video"}
 
@@ -107,7 +110,8 @@ class PromptBuilder:
             prefix = self.render(chat[:carried[0] + 1], add_generation_prompt=False)
             ids = replace_prefix_tokens(self.tokenizer, carried[1], prefix, ids)
         images, videos, seconds = self._pixels(media)
-        req = build_vlm_request(self.tokenizer, self.ids, prompt_token_ids=ids, images=images, videos=videos,
-                                second_per_grid_ts=seconds or None, merge_size=self.merge,
-                                tokens_per_second=self.tokens_per_second)
+        typed = PromptInput(token_ids=ids, images=items_from_packed("image", images) if images else [],
+                            videos=items_from_packed("video", videos, seconds) if videos else [])
+        req = build_request(self.tokenizer, self.ids, typed, merge_size=self.merge,
+                            tokens_per_second=self.tokens_per_second)
         return Prompt(req.prompt_token_ids, images, videos, seconds or None)

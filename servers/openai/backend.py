@@ -10,11 +10,11 @@ import torch
 
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.inputs import MediaDefaults
 from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.request import VLMRequest
 from mm_infer.engine.sampling import SamplingParams
+from mm_infer.prompt.media import MediaDefaults
 from mm_infer.prompt.placeholders import PlaceholderIds
+from mm_infer.prompt.request import VLMRequest
 
 Bucket = list[tuple[str, torch.Tensor]]
 
@@ -104,8 +104,7 @@ class LocalBackend:
 
     def engine_gauges(self) -> dict[str, float]:
         stats = self.engine.stats()
-        return {"num_requests_waiting": len(self.engine.scheduler.waiting),
-                "num_sequences_running": len(self.engine.scheduler.running),
+        return {"num_requests_waiting": stats["num_waiting"], "num_sequences_running": stats["num_running"],
                 "kv_blocks_free": stats["free_blocks"], "kv_blocks_total": stats["num_blocks"],
                 "prefix_cache_query_tokens": stats["prefix_query_tokens"],
                 "prefix_cache_hit_tokens": stats["prefix_hit_tokens"],

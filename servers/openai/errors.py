@@ -40,7 +40,7 @@ def from_exception(exc: BaseException) -> ApiError:
         return exc
     status = getattr(exc, "status", None)
     if isinstance(status, int) and (400 <= status < 500 or status == 503):  # 503: no replica / replica died
-        return ApiError(status, str(exc))
+        return ApiError(status, str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, ValueError):
         return ApiError(400, str(exc))
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -6,9 +6,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from mm_infer.engine.inputs import MediaDefaults
 from mm_infer.media import MediaProcessor, MediaTooLargeError, PackedTensor
 from mm_infer.media.cache import ByteLRU
+from mm_infer.prompt.media import MediaDefaults
 from servers.openai.config import MediaCaps
 from servers.openai.errors import ApiError
 from servers.openai.fetch import MediaFetcher

@@ -8,6 +8,7 @@ from typing import Any
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.media import MediaLimits, MediaProcessor
+from mm_infer.prompt.templating import ChatRenderer
 from servers.openai.backend import EngineBackend, LocalBackend
 from servers.openai.config import ServerConfig
 from servers.openai.fetch import MediaFetcher
@@ -16,7 +17,6 @@ from servers.openai.metrics import Metrics
 from servers.openai.parsers import OutputParser, build_output_parser
 from servers.openai.pause import PauseGate
 from servers.openai.refit import Refitter
-from servers.openai.templating import ChatRenderer
 
 
 @dataclass

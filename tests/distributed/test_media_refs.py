@@ -9,7 +9,7 @@ import ray
 import torch
 
 from mm_infer.distributed.media_refs import MediaRefCache, _from_store, _to_store, attach
-from mm_infer.engine.request import MediaItem, VLMRequest
+from mm_infer.prompt.request import MediaItem, VLMRequest
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

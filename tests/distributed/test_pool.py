@@ -132,7 +132,7 @@ def test_bad_input_keeps_its_status_and_no_replica_goes_down(pool):
         run(final(pool, image_prompt(b"not an image"), params, "bad-media"))
     assert media.value.status in (400, 415)
     with pytest.raises(PromptError, match="placeholder"):
-        run(final(pool, {"prompt_token_ids": [5, 6, pool.placeholder_ids.image_pad_id]}, params, "bad-pads"))
+        run(final(pool, {"prompt_token_ids": [5, 6, pool.preparer.placeholder_ids.image_pad_id]}, params, "bad-pads"))
     too_long = {"prompt_token_ids": [7] * (OPTIONS["max_model_len"] + 5)}
     with pytest.raises(PromptError, match="context length"):  # found inside the replica, unwrapped from Ray
         run(final(pool, too_long, params, "too-long"))

@@ -11,8 +11,8 @@ from mm_infer.distributed.coalesce import latest_only
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
 from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.router import Router, affinity_key
-from mm_infer.engine.request import VLMRequest
 from mm_infer.prompt.placeholders import PlaceholderRange
+from mm_infer.prompt.request import VLMRequest
 
 
 def test_unkeyed_requests_go_to_the_least_loaded_replica_and_ties_rotate():

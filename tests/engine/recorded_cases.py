@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).with_name("recorded_outputs.json")
 SHAPES = REPO / "assets" / "media" / "shapes"
 VIDEOS = REPO / "assets" / "media" / "videos"
-MODELS = {"qwen2": REPO / "assets" / "models" / "tiny-qwen2-vl", "qwen25": REPO / "assets" / "models" / "tiny-qwen2.5-vl"}
+MODELS = {"qwen2": REPO / "assets" / "models" / "tiny-qwen2-vl",
+          "qwen25": REPO / "assets" / "models" / "tiny-qwen2.5-vl"}
 
 
 def _chat(text: str, *media: str) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +19,8 @@ from mm_infer.prompt.placeholders import PlaceholderRange
 def group(rid: str, tokens: list[int], media: list[tuple[int, int, str]] = (), n: int = 1,
           max_tokens: int = 8) -> SequenceGroup:
     ranges = [PlaceholderRange(off, length, "image", h, i) for i, (off, length, h) in enumerate(media)]
-    g = SequenceGroup(rid, SamplingParams(n=n, max_tokens=max_tokens), ranges, [4 * r.length for r in ranges])
+    request = SimpleNamespace(placeholders=ranges, item_patches=[4 * r.length for r in ranges])  # no tensors here
+    g = SequenceGroup(rid, SamplingParams(n=n, max_tokens=max_tokens), request)
     g.seqs = [Sequence(g, tokens, i) for i in range(n)]
     return g
 

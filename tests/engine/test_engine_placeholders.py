@@ -6,14 +6,17 @@ import pytest
 import torch
 from engine_cases import CKPT, END, IMAGE, START, VIDEO, media
 
-from mm_infer.engine.request import build_vlm_request, render_prompt
-from mm_infer.engine.tokenizer import Tokenizer
+from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.media import MediaDefaults, video_items
 from mm_infer.prompt.placeholders import (
     PlaceholderIds,
     PromptError,
     collapse_placeholders,
     expand_placeholders,
 )
+from mm_infer.prompt.preparer import build_request, render_prompt
+from mm_infer.prompt.request import items_from_packed
+from mm_infer.prompt.tokenizer import Tokenizer
 
 IDS = PlaceholderIds(IMAGE, VIDEO, START, END)
 
@@ -65,12 +68,18 @@ def test_placeholder_errors(ids, image, video, pre, message):
 
 
 class ShapeTokenizer:
-    """apply_chat_template returning each shape transformers 5 may produce."""
+    """encode (the renderer's tokenisation of the templated text) returning each shape transformers 5 may produce."""
+
+    chat_template = "{{ messages }}"
 
     def __init__(self, shape):
         self.shape = shape
 
-    def apply_chat_template(self, messages, tokenize=True, **kwargs):
+    def apply_chat_template(self, messages, tokenize=False, **kwargs):
+        assert not tokenize, "the renderer templates text, then encodes it"
+        return "templated"
+
+    def encode(self, text, add_special_tokens=True):
         ids = [1, START, IMAGE, END, 2]
         return {"list": ids, "nested": [ids], "dict": {"input_ids": ids, "attention_mask": [1] * 5},
                 "nested_dict": {"input_ids": [ids]}, "tensor": torch.tensor([ids]),
@@ -100,13 +109,14 @@ def test_hf_batch_encoding_and_our_tokenizer_agree():
 def test_build_request_errors_and_positions():
     tok = Tokenizer.from_pretrained(CKPT)
     with pytest.raises(PromptError, match="exactly one of"):
-        build_vlm_request(tok, IDS, prompt="a", prompt_token_ids=[1])
+        build_request(tok, IDS, PromptInput(text="a", token_ids=[1]))
     with pytest.raises(PromptError, match="empty"):
-        build_vlm_request(tok, IDS, prompt_token_ids=[])
+        build_request(tok, IDS, PromptInput(token_ids=[]))
     with pytest.raises(PromptError, match="second_per_grid_ts"):
-        build_vlm_request(tok, IDS, prompt_token_ids=[START, VIDEO, END], videos=media([(2, 4, 4)], 0),
-                          second_per_grid_ts=[1.0, 2.0])
-    req = build_vlm_request(tok, IDS, prompt_token_ids=[5, START, IMAGE, END, 6], images=media([(1, 4, 6)], 0))
+        defaults = MediaDefaults(None, None, None, None, 2.0)
+        video_items(media([(2, 4, 4)], 0), {"second_per_grid_ts": [1.0, 2.0]}, defaults)
+    images = items_from_packed("image", media([(1, 4, 6)], 0))
+    req = build_request(tok, IDS, PromptInput(token_ids=[5, START, IMAGE, END, 6], images=images))
     assert req.prompt_token_ids == [5, START, *[IMAGE] * 6, END, 6]
     assert req.mrope_positions.shape == (3, 10)
     assert req.mrope_positions[:, -1].tolist() == [6, 6, 6] and req.mrope_delta == 7 - 10  # text resumes at 2 + 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def one(llm, **kw):
 
 
 def fake_seq(prompt, output, **kw) -> Sequence:
-    g = SequenceGroup("x", SamplingParams(**kw), [], [])
+    g = SequenceGroup("x", SamplingParams(**kw), SimpleNamespace(placeholders=[], item_patches=[]))
     seq = Sequence(g, prompt)
     seq.token_ids += output
     seq.generator = torch.Generator().manual_seed(0)

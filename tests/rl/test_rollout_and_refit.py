@@ -126,9 +126,9 @@ def test_aborted_rollout_is_an_error_with_its_partial_output(llm: LLM, monkeypat
     real_step = engine.step
     calls = {"n": 0}
 
-    def step_then_abort(stream: bool = True):
+    def step_then_abort():
         calls["n"] += 1
-        out = real_step(stream)
+        out = real_step()
         if calls["n"] == 2:
             engine.abort(next(iter(engine.groups)))
         return out

@@ -15,6 +15,8 @@ from mm_infer import SamplingParams
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG = 48  # tokens: long enough to be caught in flight on a slow CPU
+# tokens for requests a pause in mode "abort" must catch: they cannot finish before /pause lands, however loaded
+RUNAWAY = 900
 PROMPT = "Count slowly:"
 
 
@@ -50,7 +52,7 @@ def _resume(server) -> None:
 
 
 def test_abort_ends_in_flight_requests_as_errors_and_holds_new_ones(server, client, pool):
-    running = pool.submit(_complete, client)
+    running = pool.submit(_complete, client, RUNAWAY)
     _until_generating(server, running)
     r = _post(server, "/pause", mode="abort")
     try:
@@ -69,7 +71,8 @@ def test_abort_ends_in_flight_requests_as_errors_and_holds_new_ones(server, clie
 
 
 def test_abort_ends_a_stream_with_an_error_event(server, pool):
-    body = {"model": "m", "prompt": PROMPT, "max_tokens": LONG, "min_tokens": LONG, "temperature": 0, "stream": True}
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": RUNAWAY, "min_tokens": RUNAWAY, "temperature": 0,
+            "stream": True}
     events: list[str] = []
     with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, headers=AUTH, timeout=60) as resp:
         lines = resp.iter_lines()

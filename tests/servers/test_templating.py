@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from server_cases import CKPT
 
-from mm_infer.engine.tokenizer import Tokenizer
-from servers.openai.errors import ApiError
-from servers.openai.templating import ChatRenderer
+from mm_infer.prompt.placeholders import PromptError
+from mm_infer.prompt.templating import ChatRenderer
+from mm_infer.prompt.tokenizer import Tokenizer
 
 MEDIA_TOKENS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
                 "video": "<|vision_start|><|video_pad|><|vision_end|>"}
@@ -32,16 +32,16 @@ def test_continue_final_message(tok):
     r = ChatRenderer(tok, MEDIA_TOKENS)
     text = r.render_text(CONVO, add_generation_prompt=False, continue_final_message=True)
     assert text.endswith("<|im_start|>assistant\nHello the")
-    with pytest.raises(ApiError, match="both"):
+    with pytest.raises(PromptError, match="both"):
         r.render_text(CONVO, continue_final_message=True)
-    with pytest.raises(ApiError, match="assistant"):
+    with pytest.raises(PromptError, match="assistant"):
         r.render_text(CONVO[:1], add_generation_prompt=False, continue_final_message=True)
 
 
 def test_chat_template_kwargs_reach_the_template(tok):
     r = ChatRenderer(tok, MEDIA_TOKENS)
     assert "Picture 1: " in r.render_text(CONVO[:1], chat_template_kwargs={"add_vision_id": True})
-    with pytest.raises(ApiError, match="may not set"):
+    with pytest.raises(PromptError, match="may not set"):
         r.render_text(CONVO[:1], chat_template_kwargs={"add_generation_prompt": False})
 
 
@@ -81,7 +81,7 @@ def test_every_return_shape(tok, shape):
 def test_transformers_tokenizer_renders_the_same_ids(tok):
     from transformers import AutoTokenizer
 
-    from mm_infer.engine.request import flat_token_ids
+    from mm_infer.prompt.templating import flat_token_ids
 
     hf = AutoTokenizer.from_pretrained(CKPT)
     convo = CONVO + [{"role": "user", "content": "again"}]

@@ -1,14 +1,31 @@
-"""Chat templating: the tokenizer's template (or a plain fallback) -> prompt token ids, HF semantics."""
+"""The one chat-template renderer: messages -> prompt text / token ids with HF semantics, or a plain fallback."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mm_infer.engine.request import flat_token_ids  # reads every apply_chat_template / encode return shape
-from servers.openai.errors import ApiError
+from mm_infer.prompt.placeholders import PromptError
 
+# keys the renderer sets itself; a caller's chat_template_kwargs may not override them
 RESERVED_KWARGS = {"messages", "add_generation_prompt", "continue_final_message", "tokenize", "tools"}
+
+
+def flat_token_ids(obj: Any) -> list[int]:
+    """Token ids from any apply_chat_template/tokenizer return shape: list, nested list, dict, tensor."""
+    if isinstance(obj, Mapping) or hasattr(obj, "keys"):
+        if "input_ids" not in obj:
+            raise PromptError(f"tokenizer output has no input_ids (keys: {list(obj.keys())})")
+        obj = obj["input_ids"]
+    if hasattr(obj, "tolist"):
+        obj = obj.tolist()
+    if isinstance(obj, (list, tuple)) and obj and isinstance(obj[0], (list, tuple)):
+        if len(obj) != 1:
+            raise PromptError(f"expected one tokenized conversation, got a batch of {len(obj)}")
+        obj = obj[0]
+    if not isinstance(obj, (list, tuple)) or not all(isinstance(t, int) for t in obj):
+        raise PromptError(f"could not read token ids from tokenizer output of type {type(obj).__name__}")
+    return [int(t) for t in obj]
 
 
 def _text_of(content: Any) -> str:
@@ -30,6 +47,18 @@ def fallback_render(messages: Sequence[Mapping[str, Any]], media_tokens: Mapping
     return "".join(lines) + ("assistant: " if add_generation_prompt else "")
 
 
+def _check_options(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                   continue_final_message: bool, kwargs: Mapping[str, Any]) -> None:
+    if continue_final_message and add_generation_prompt:
+        raise PromptError("continue_final_message and add_generation_prompt cannot both be true",
+                          param="continue_final_message")
+    if continue_final_message and (not messages or messages[-1].get("role") != "assistant"):
+        raise PromptError("continue_final_message needs the last message to be from the assistant",
+                          param="continue_final_message")
+    if bad := sorted(RESERVED_KWARGS & set(kwargs)):
+        raise PromptError(f"chat_template_kwargs may not set {bad}", param="chat_template_kwargs")
+
+
 class ChatRenderer:
     """Render messages with one tokenizer; `media_tokens` maps "image"/"video" to their placeholder text."""
 
@@ -43,15 +72,8 @@ class ChatRenderer:
     def render_text(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, chat_template_kwargs: Mapping[str, Any] | None = None,
                     tools: list[dict[str, Any]] | None = None) -> str:
-        if continue_final_message and add_generation_prompt:
-            raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
-                           param="continue_final_message")
-        if continue_final_message and (not messages or messages[-1].get("role") != "assistant"):
-            raise ApiError(400, "continue_final_message needs the last message to be from the assistant",
-                           param="continue_final_message")
         kwargs = dict(chat_template_kwargs or {})
-        if bad := sorted(RESERVED_KWARGS & set(kwargs)):
-            raise ApiError(400, f"chat_template_kwargs may not set {bad}", param="chat_template_kwargs")
+        _check_options(messages, add_generation_prompt, continue_final_message, kwargs)
         if self.has_template:
             if tools:
                 kwargs["tools"] = tools
@@ -59,17 +81,19 @@ class ChatRenderer:
                 text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
                                                           add_generation_prompt=add_generation_prompt, **kwargs)
             except Exception as e:  # jinja raise_exception / template errors are the caller's input
-                raise ApiError(400, f"chat template failed: {e}", param="messages") from None
+                raise PromptError(f"chat template failed: {e}", param="messages") from None
             if isinstance(text, list):  # some tokenizers return a batch of one
                 text = text[0]
+        elif not self.media_tokens:
+            raise PromptError("this checkpoint has no chat template; send a prompt or token ids", param="messages")
         else:
             text = fallback_render(messages, self.media_tokens, self.eos_text, add_generation_prompt)
         if continue_final_message:
             final = _text_of(messages[-1].get("content"))
             at = text.rfind(final) if final else -1
             if at < 0:
-                raise ApiError(400, "continue_final_message: the final message has no text to continue",
-                               param="continue_final_message")
+                raise PromptError("continue_final_message: the final message has no text to continue",
+                                  param="continue_final_message")
             text = text[:at + len(final)]
         return str(text)
 
@@ -79,3 +103,10 @@ class ChatRenderer:
     def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> list[int]:
         """Token ids of the rendered conversation (media placeholders not yet expanded)."""
         return self.encode(self.render_text(messages, **options))
+
+
+def media_token_text(tokenizer: Any, ids: Any) -> dict[str, str]:
+    """The text of one unexpanded placeholder run per modality (for the fallback template)."""
+    decode = tokenizer.decode
+    return {kind: decode([ids.vision_start_id, pad, ids.vision_end_id], skip_special_tokens=False)
+            for kind, pad in (("image", ids.image_pad_id), ("video", ids.video_pad_id))}

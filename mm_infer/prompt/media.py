@@ -1,0 +1,82 @@
+"""Media for a prompt: the checkpoint's defaults, the per-request option names, and sources -> MediaItems."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mm_infer.config import MediaConfig
+from mm_infer.media.packed import PackedTensor
+from mm_infer.prompt.placeholders import PromptError
+from mm_infer.prompt.request import MediaItem, items_from_packed
+
+# the one list of mm_processor_kwargs the library understands, per modality
+IMAGE_KWARGS = frozenset({"min_pixels", "max_pixels", "backend", "exif_transpose"})
+VIDEO_KWARGS = frozenset({"fps", "num_frames", "frame_indices", "total_pixels", "sampler", "decoder",
+                          "video_min_pixels", "video_max_pixels", "second_per_grid_ts"})
+
+
+@dataclass(frozen=True)
+class MediaDefaults:
+    image_min_pixels: int | None
+    image_max_pixels: int | None
+    video_min_pixels: int | None
+    video_max_pixels: int | None
+    video_fps: float
+    temporal_patch_size: int = 2
+
+
+def _pixels(cfg: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    size = cfg.get("size") or {}
+    return (cfg.get("min_pixels", size.get("shortest_edge")), cfg.get("max_pixels", size.get("longest_edge")))
+
+
+def media_defaults(model_dir: str | Path, media: MediaConfig) -> MediaDefaults:
+    """Engine options first, then preprocessor_config.json / video_preprocessor_config.json."""
+    def read(name: str) -> dict[str, Any]:
+        path = Path(model_dir) / name
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    image, video = read("preprocessor_config.json"), read("video_preprocessor_config.json") or {}
+    (imin, imax), (vmin, vmax) = _pixels(image), _pixels(video or image)
+    return MediaDefaults(
+        media.image_min_pixels or imin, media.image_max_pixels or imax, media.video_min_pixels or vmin,
+        media.video_max_pixels or vmax, float(video.get("fps", media.video_fps)),
+        int(image.get("temporal_patch_size", 2)))
+
+
+def _as_list(x: Any) -> list[Any]:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def image_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[MediaItem]:
+    """Images (sources, or an already processed PackedTensor) -> one MediaItem each, in order."""
+    if isinstance(sources, PackedTensor):
+        return items_from_packed("image", sources)
+    from mm_infer.media import preprocess_images
+
+    opts = {k: kw[k] for k in IMAGE_KWARGS if k in kw}
+    opts.setdefault("min_pixels", d.image_min_pixels)
+    opts.setdefault("max_pixels", d.image_max_pixels)
+    return items_from_packed("image", preprocess_images(_as_list(sources), **opts))
+
+
+def video_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[MediaItem]:
+    """Videos (sources, or a PackedTensor with `second_per_grid_ts` in kw) -> one MediaItem each, in order."""
+    fps = float(kw.get("fps", d.video_fps))
+    if isinstance(sources, PackedTensor):
+        seconds = kw.get("second_per_grid_ts", [d.temporal_patch_size / fps] * len(sources))
+        seconds = [float(s) for s in _as_list(seconds)]
+        if len(seconds) != len(sources):
+            raise PromptError(f"{len(seconds)} second_per_grid_ts values for {len(sources)} videos")
+        return items_from_packed("video", sources, seconds)
+    from mm_infer.media import preprocess_videos
+
+    opts = {k: kw[k] for k in ("num_frames", "frame_indices", "total_pixels", "sampler", "decoder") if k in kw}
+    packed, meta = preprocess_videos(_as_list(sources), fps=fps,
+                                     min_pixels=kw.get("video_min_pixels", d.video_min_pixels),
+                                     max_pixels=kw.get("video_max_pixels", d.video_max_pixels), **opts)
+    return items_from_packed("video", packed, [m.second_per_grid_ts for m in meta])

@@ -1,0 +1,90 @@
+"""PromptPreparer: the one entry from a prompt (str, dict or PromptInput) to a VLMRequest, loadable without weights."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm_infer.config import MediaConfig
+from mm_infer.models.config import ModelConfig, load_config
+from mm_infer.prompt.inputs import PromptInput, parse_prompt
+from mm_infer.prompt.media import MediaDefaults, media_defaults
+from mm_infer.prompt.mrope import mrope_from_placeholders
+from mm_infer.prompt.placeholders import PlaceholderIds, PromptError, expand_placeholders
+from mm_infer.prompt.request import VLMRequest
+from mm_infer.prompt.templating import ChatRenderer, flat_token_ids, media_token_text
+from mm_infer.prompt.tokenizer import Tokenizer
+
+Prompt = str | Mapping[str, Any] | PromptInput
+
+
+def render_prompt(renderer: ChatRenderer | Any, *, prompt: str | None = None,
+                  prompt_token_ids: Sequence[int] | None = None,
+                  messages: Sequence[Mapping[str, Any]] | None = None,
+                  chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    """Exactly one of prompt / prompt_token_ids / messages -> token ids (placeholders not yet expanded).
+
+    `renderer` is a ChatRenderer, or a bare tokenizer (rendered through a ChatRenderer without fallback media)."""
+    if not isinstance(renderer, ChatRenderer):
+        renderer = ChatRenderer(renderer, {})
+    given = PromptInput(text=prompt, token_ids=prompt_token_ids, messages=messages)  # checks exactly one
+    if given.token_ids is not None:
+        ids = [int(t) for t in given.token_ids]
+    elif given.text is not None:
+        ids = flat_token_ids(renderer.tokenizer.encode(given.text))
+    else:
+        kwargs = dict(chat_template_kwargs or {})  # the library lets these options ride in the kwargs
+        options = {"add_generation_prompt": bool(kwargs.pop("add_generation_prompt", True)),
+                   "continue_final_message": bool(kwargs.pop("continue_final_message", False)),
+                   "tools": kwargs.pop("tools", None)}
+        ids = renderer.render(list(given.messages or []), chat_template_kwargs=kwargs, **options)
+    if not ids:
+        raise PromptError("the prompt is empty")
+    return ids
+
+
+def build_request(renderer: ChatRenderer | Any, ids: PlaceholderIds, prompt: PromptInput, *, merge_size: int = 2,
+                  tokens_per_second: float | None = None) -> VLMRequest:
+    """Render (or take) the ids, expand or check each item's placeholder run, and place M-RoPE from the runs."""
+    raw = render_prompt(renderer, prompt=prompt.text, prompt_token_ids=prompt.token_ids, messages=prompt.messages,
+                        chat_template_kwargs=prompt.chat_template_kwargs)
+    images, videos = list(prompt.images), list(prompt.videos)
+    token_ids, ranges, order = expand_placeholders(
+        raw, ids, image_tokens=[it.num_tokens(merge_size) for it in images],
+        video_tokens=[it.num_tokens(merge_size) for it in videos],
+        image_hashes=[it.content_hash for it in images], video_hashes=[it.content_hash for it in videos],
+        preexpanded=prompt.media_tokens_preexpanded)
+    by_kind = {"image": images, "video": videos}
+    items = [by_kind[modality][k] for modality, k in order]
+    positions, delta = mrope_from_placeholders(len(token_ids), ranges, items, merge_size, tokens_per_second)
+    return VLMRequest(token_ids, ranges, items, positions.to(torch.long), delta, prompt.text)
+
+
+class PromptPreparer:
+    """Tokenizer, chat renderer, placeholder ids and media defaults of one checkpoint: prompts -> VLMRequest."""
+
+    def __init__(self, model_dir: str | Path, media: MediaConfig | None = None, tokenizer: Any = None,
+                 model_config: ModelConfig | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        mcfg = model_config or load_config(self.model_dir)
+        self.model_config = mcfg
+        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_pretrained(self.model_dir)
+        self.placeholder_ids = PlaceholderIds(mcfg.image_token_id, mcfg.video_token_id,
+                                              mcfg.vision_start_token_id, mcfg.vision_end_token_id)
+        self.renderer = ChatRenderer(self.tokenizer, media_token_text(self.tokenizer, self.placeholder_ids))
+        self.merge_size = mcfg.vision.spatial_merge_size
+        self.tokens_per_second = mcfg.vision.tokens_per_second if mcfg.kind == "qwen2_5_vl" else None
+        self.media_defaults: MediaDefaults = media_defaults(self.model_dir, media or MediaConfig())
+
+    def parse(self, prompt: str | Mapping[str, Any]) -> PromptInput:
+        """A prompt str or dict -> PromptInput, media decoded with this checkpoint's defaults."""
+        return parse_prompt(prompt, self.media_defaults)
+
+    def prepare(self, prompt: Prompt) -> VLMRequest:
+        """Tokenise, preprocess media and expand placeholders (PromptError / MediaError on bad input)."""
+        typed = prompt if isinstance(prompt, PromptInput) else self.parse(prompt)
+        return build_request(self.renderer, self.placeholder_ids, typed, merge_size=self.merge_size,
+                             tokens_per_second=self.tokens_per_second)

@@ -1,0 +1,59 @@
+"""VLMRequest: a fully prepared prompt (expanded ids, media items in prompt order, M-RoPE), and its MediaItems."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from mm_infer.media.packed import PackedTensor
+from mm_infer.prompt.placeholders import PlaceholderRange
+
+
+@dataclass(frozen=True)
+class MediaItem:
+    """One image or video, ready for the vision encoder."""
+
+    modality: str
+    pixel_values: Tensor  # [t*h*w, C*T*ph*pw]
+    grid_thw: tuple[int, int, int]
+    content_hash: str
+    second_per_grid_t: float | None = None
+
+    def num_tokens(self, merge: int) -> int:
+        """Placeholder tokens this item expands to: t*h*w/merge²."""
+        t, h, w = self.grid_thw
+        return t * h * w // merge**2
+
+
+def pixel_hash(packed: PackedTensor) -> str:
+    """Digest of one item's pixels and grid, for media that came without an upstream content hash."""
+    h = hashlib.blake2b(packed.pixel_values.float().contiguous().numpy().tobytes(), digest_size=16)
+    h.update(repr(packed.imgs_sizes.tolist()).encode())
+    return h.hexdigest()
+
+
+def items_from_packed(modality: str, packed: PackedTensor, seconds: list[float] | None = None) -> list[MediaItem]:
+    """One MediaItem per item of a PackedTensor (its upstream content hashes, else a pixel digest)."""
+    parts = packed.split()
+    hashes = list(packed.content_hashes) if packed.content_hashes else [pixel_hash(p) for p in parts]
+    return [MediaItem(modality, part.pixel_values, tuple(int(x) for x in part.imgs_sizes[0].tolist()),  # type: ignore[arg-type]
+                      hashes[k], None if seconds is None else float(seconds[k]))
+            for k, part in enumerate(parts)]
+
+
+@dataclass
+class VLMRequest:
+    """A fully prepared prompt: expanded token ids, media in prompt order and M-RoPE positions."""
+
+    prompt_token_ids: list[int]
+    placeholders: list[PlaceholderRange]  # the one record of where each media item sits
+    items: list[MediaItem]  # prompt order; placeholders[i].item_index indexes this list
+    mrope_positions: Tensor  # [3, L] long
+    mrope_delta: int  # decode position = sequence index + delta
+    prompt_text: str | None = None
+
+    @property
+    def item_patches(self) -> list[int]:
+        return [it.pixel_values.shape[0] for it in self.items]

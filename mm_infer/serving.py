@@ -1,0 +1,134 @@
+"""The EngineBackend seam a server talks to: LocalBackend (one engine here) or distributed.ReplicaPool (replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+import torch
+
+from mm_infer.engine.async_engine import AsyncEngine
+from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.outputs import CompletionOutput, RequestOutput
+from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
+from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.preparer import PromptPreparer
+from mm_infer.prompt.request import VLMRequest
+
+Bucket = list[tuple[str, torch.Tensor]]
+Prompt = str | Mapping[str, Any] | PromptInput | VLMRequest
+
+
+class EngineBackend(Protocol):
+    """One engine or a pool of replicas, as every endpoint sees it."""
+
+    preparer: PromptPreparer  # tokenizer, chat renderer, placeholder ids, media defaults
+
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def is_alive(self) -> bool: ...
+    @property
+    def weight_version(self) -> int: ...
+    @property
+    def reference_model(self) -> torch.nn.Module:
+        """Names and shapes a refit is checked against (may live on the meta device)."""
+        ...
+
+    def generate(self, prompt: Prompt, params: SamplingParams | None, request_id: str, affinity: str | None = None,
+                 stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Outputs per params.output_kind until finished; `affinity` keys the replica choice where there is one
+        to make; without `stream`, only the final output."""
+        ...
+    def abort(self, request_id: str) -> None: ...
+    async def set_frozen(self, frozen: bool) -> None: ...
+    async def update_weights(self, bucket: Bucket, version: int) -> None: ...
+    async def reset_caches(self) -> None: ...
+    def engine_gauges(self) -> dict[str, float]: ...
+    def shutdown(self) -> None: ...
+
+
+def engine_gauges(stats: Mapping[str, float]) -> dict[str, float]:
+    """An engine's stats() under the gauge names the server exports."""
+    return {"num_requests_waiting": stats["num_waiting"], "num_sequences_running": stats["num_running"],
+            "kv_blocks_free": stats["free_blocks"], "kv_blocks_total": stats["num_blocks"],
+            "prefix_cache_query_tokens": stats["prefix_query_tokens"],
+            "prefix_cache_hit_tokens": stats["prefix_hit_tokens"],
+            "encoder_cache_hits": stats["encoder_cache_hits"], "encoder_calls": stats["encoder_calls"],
+            "preemptions": stats["preemptions"]}
+
+
+class LocalBackend:
+    """One LLMEngine (`core`) stepped by an AsyncEngine (`async_engine`) in this process."""
+
+    def __init__(self, core: LLMEngine) -> None:
+        self.core = core
+        self.async_engine = AsyncEngine(core)
+        self.preparer = core.preparer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.runtime.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.runtime.vocab_size
+
+    @property
+    def is_alive(self) -> bool:
+        return self.async_engine.is_alive
+
+    @property
+    def weight_version(self) -> int:
+        return self.core.weight_version
+
+    @property
+    def reference_model(self) -> torch.nn.Module:
+        return self.core.model
+
+    def generate(self, prompt: Prompt, params: SamplingParams | None, request_id: str, affinity: str | None = None,
+                 stream: bool = True) -> AsyncIterator[RequestOutput]:
+        return self.async_engine.generate(prompt, params, request_id, stream)
+
+    def abort(self, request_id: str) -> None:
+        self.async_engine.abort(request_id)
+
+    async def set_frozen(self, frozen: bool) -> None:
+        self.async_engine.set_frozen(frozen)
+
+    async def update_weights(self, bucket: Bucket, version: int) -> None:
+        await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, bucket, version)
+
+    async def reset_caches(self) -> None:
+        await asyncio.to_thread(self.async_engine.run_locked, self.core.reset_caches)
+
+    def engine_gauges(self) -> dict[str, float]:
+        return engine_gauges(self.core.stats())
+
+    def shutdown(self) -> None:
+        self.async_engine.shutdown()
+
+
+class DeltaTracker:
+    """Turns one request's cumulative outputs into DELTA outputs (for backends whose transport sends snapshots)."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, int]] = {}  # sample index -> (tokens, characters) already sent
+
+    def delta(self, out: RequestOutput) -> RequestOutput:
+        outputs = []
+        for c in out.outputs:
+            tokens, chars = self._sent.get(c.index, (0, 0))
+            outputs.append(CompletionOutput(
+                c.index, c.text[chars:], c.token_ids[tokens:], c.logprobs[tokens:], c.finish_reason, c.stop_reason,
+                None if c.top_logprobs is None else c.top_logprobs[tokens:], c.cumulative_logprob))
+            self._sent[c.index] = (len(c.token_ids), len(c.text))
+        return replace(out, outputs=outputs)
+
+
+def wants_deltas(params: SamplingParams | None) -> bool:
+    return params is not None and params.output_kind is RequestOutputKind.DELTA
