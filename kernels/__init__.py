@@ -1,1 +1,1 @@
-"""Triton-fused Qwen2-VL patching ops, one op per module; call them through kernels.dispatch."""
+"""Qwen2-VL vision ops, one per module (Triton kernel + launcher + torch reference); importing needs no triton."""

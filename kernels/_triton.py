@@ -1,40 +1,63 @@
-"""Triton import point for kernels/: interpreter default on CUDA-less hosts, shared jit helpers."""
+"""Lazy Triton access for kernels/: triton and the @triton.jit modules load on the first launch, never on import.
+
+Importing kernels/ (or mm_infer) imports no triton and leaves os.environ alone. @triton.jit reads
+TRITON_INTERPRET when a kernel is decorated, and without CUDA Triton runs only in its interpreter; so
+`load` is where the flag is set: the first launch on CPU tensors, on a host without CUDA, sets
+TRITON_INTERPRET=1 just before the jit modules are imported. A value the caller set wins.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import os
+import sys
+from types import ModuleType
 
 import torch
 
-# Without CUDA, Triton can only run through its interpreter; @triton.jit reads this flag when a kernel
-# is decorated, so it must be set before any kernel module is imported. A caller's own value wins.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+ENV = "TRITON_INTERPRET"
+_JIT_ROOT = "kernels._jit"  # imported by every jit module: present once any kernel has been decorated
 
 
 def interpreting() -> bool:
     """True when @triton.jit kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return os.environ.get(ENV, "0").lower() in ("1", "true", "on", "yes")
 
 
-@triton.jit
-def round_to_bf16_rne(x):
-    """fp32 -> fp32 holding the round-to-nearest-even bf16 value (the interpreter's cast truncates)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-    rounded = bits.to(tl.float32, bitcast=True)
-    return tl.where(x != x, x, rounded)
+@functools.cache
+def available() -> bool:
+    """True when triton can be imported (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
 
 
-@triton.jit
-def cast_out(x, OUT_BF16: tl.constexpr, out_dtype: tl.constexpr):
-    """fp32 -> the output element type with round-to-nearest-even, bit-equal to torch's .to()."""
-    if OUT_BF16:
-        x = round_to_bf16_rne(x)
-    return x.to(out_dtype)
+def cpu_ready() -> bool:
+    """Whether launchers can take CPU tensors: the interpreter is on, or the first launch will turn it on."""
+    if interpreting():
+        return True
+    return ENV not in os.environ and not torch.cuda.is_available() and _JIT_ROOT not in sys.modules
 
 
-__all__ = ["triton", "tl", "interpreting", "round_to_bf16_rne", "cast_out"]
+def load(name: str, *tensors: torch.Tensor) -> ModuleType:
+    """The private jit module kernels.<name>, imported on first use for a launch on `tensors`."""
+    if not available():
+        raise RuntimeError("the Triton kernels need triton installed; the torch references do not")
+    if any(t.device.type == "cpu" for t in tensors) and not interpreting():
+        if not cpu_ready():
+            raise RuntimeError(f"Triton launchers on CPU tensors need {ENV}=1 set before the first Triton launch")
+        os.environ[ENV] = "1"
+    return importlib.import_module(f"kernels.{name}")
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints (triton.cdiv, without importing triton)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (triton.next_power_of_2, without importing triton)."""
+    return 1 << max(0, n - 1).bit_length()

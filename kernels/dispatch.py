@@ -1,8 +1,9 @@
 """Public entry points for kernels/: Triton on CUDA tensors, torch reference elsewhere (MM_INFER_KERNELS forces).
 
-MM_INFER_KERNELS=triton|torch|auto (default auto) is read on every call. `triton` on CPU tensors runs
-the Triton interpreter, which needs TRITON_INTERPRET=1 before kernels/ is first imported; kernels/
-sets it by default on hosts without CUDA, so there it just works (slowly: for tests, not serving).
+MM_INFER_KERNELS=triton|torch|auto (default auto) is read on every call; auto also needs triton installed.
+`triton` on CPU tensors runs the Triton interpreter (slow: for tests, not serving): the first Triton launch
+on a host without CUDA sets TRITON_INTERPRET=1 before triton is imported (kernels/_triton.py). Importing
+this module imports no triton and writes no environment variable.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from kernels import _triton
 from kernels import fused_patch_embed as _pe
 from kernels import fused_patchify as _pf
 from kernels import patch_merge as _pm
@@ -20,6 +22,8 @@ from kernels import vision_rope as _vr
 from kernels._frames import CLIP, QWEN2_VL, Layout, Normalize, Offsets, PatchGeometry, Sizes, single_item
 from kernels._items import exclusive_cumsum, sizes_list
 from kernels._triton import interpreting
+from kernels.fused_patch_embed import patch_embed_rows  # rows @ W.T: torch (cuBLAS) on every device
+from kernels.patch_merge import merge_units  # a reshape on every device
 from kernels.vision_rope import vision_position_ids, vision_rope_cos_sin
 
 Backend = Literal["triton", "torch"]
@@ -27,7 +31,8 @@ ENV = "MM_INFER_KERNELS"
 
 __all__ = ["CLIP", "QWEN2_VL", "Normalize", "PatchGeometry", "Layout", "Backend", "select_backend", "pack_frames",
            "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
-           "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge"]
+           "patch_embed_rows", "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge",
+           "merge_units", "interpreting"]
 
 
 def select_backend(*tensors: torch.Tensor) -> Backend:
@@ -38,11 +43,14 @@ def select_backend(*tensors: torch.Tensor) -> Backend:
     if forced == "torch":
         return "torch"
     if forced == "triton":
-        if any(t.device.type == "cpu" for t in tensors) and not interpreting():
-            raise RuntimeError(f"{ENV}=triton on CPU tensors needs TRITON_INTERPRET=1 set before kernels/ "
-                               "is imported")
+        if not _triton.available():
+            raise RuntimeError(f"{ENV}=triton needs triton installed")
+        if any(t.device.type == "cpu" for t in tensors) and not _triton.cpu_ready():
+            raise RuntimeError(f"{ENV}=triton on CPU tensors needs TRITON_INTERPRET=1 set before the first "
+                               "Triton launch (on a host with CUDA, or after kernels compiled for it)")
         return "triton"
-    return "triton" if tensors and all(t.is_cuda for t in tensors) else "torch"
+    on_cuda = bool(tensors) and all(t.is_cuda for t in tensors)
+    return "triton" if on_cuda and _triton.available() else "torch"
 
 
 def pack_frames(frames: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int], list[list[int]]]:

@@ -1,8 +1,8 @@
-"""Spatial-merge row gather: raster-order (t, h, w) rows -> Qwen2-VL merge order (kernel, launcher, reference).
+"""Spatial merge: the merger's m x m unit view, and the raster -> merge row gather (launcher + torch reference).
 
-When it is free: rows produced by fused_patchify / fused_patch_embed (or HF's processor) are already in
-merge order, each m*m block of the grid stored as m² consecutive rows, so the merger's
-`x.view(S // m², m² * D)` needs no copy and this op must NOT be applied. It is needed only for rows in
+When the gather is free: rows produced by fused_patchify / fused_patch_embed (or HF's processor) are already
+in merge order, each m*m block of the grid stored as m² consecutive rows, so the merger's `merge_units`
+(x.view(S // m², m² * D)) needs no copy and the gather must NOT be applied. It is needed only for rows in
 plain raster order (t, then h, then w), e.g. features from a patchifier that keeps the image layout;
 `inverse=True` goes back from merge order to raster order.
 """
@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from kernels import _triton
 from kernels._items import exclusive_cumsum, row_blocks, sizes_list
-from kernels._triton import interpreting, tl, triton
+
+
+def merge_units(x: torch.Tensor, merge_size: int = 2) -> torch.Tensor:
+    """Merge-order rows [S, D] -> [S/m², m²*D]: each m x m block is m² consecutive rows, so a reshape."""
+    assert x.ndim == 2 and x.shape[0] % (merge_size * merge_size) == 0, f"{list(x.shape)} vs merge {merge_size}"
+    return x.reshape(-1, merge_size * merge_size * x.shape[-1])  # [S/m², m²*D]
 
 
 def check_grid(x: torch.Tensor, grid_thw: torch.Tensor | list, merge_size: int) -> list[list[int]]:
@@ -40,28 +46,6 @@ def patch_merge_reference(x: torch.Tensor, grid_thw: torch.Tensor | list, *, mer
     return torch.cat(out, dim=0)  # [S, D]
 
 
-@triton.jit
-def _patch_merge_kernel(x_ptr, out_ptr, meta_ptr, block_item_ptr, block_row_ptr, D, x_s,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, MERGE: tl.constexpr,
-                        INVERSE: tl.constexpr):
-    item = tl.load(block_item_ptr + tl.program_id(0))
-    meta = meta_ptr + item * 4  # row0, n_rows, gh, gw (int64)
-    row0, n_rows, gh, gw = tl.load(meta), tl.load(meta + 1), tl.load(meta + 2), tl.load(meta + 3)
-    r = tl.load(block_row_ptr + tl.program_id(0)) + tl.arange(0, BLOCK_R)  # [BR] item-local merge-order row
-    c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
-    gt, blk = r // (gh * gw), (r % (gh * gw)) // (MERGE * MERGE)
-    ph = (blk // (gw // MERGE)) * MERGE + (r // MERGE) % MERGE
-    pw = (blk % (gw // MERGE)) * MERGE + r % MERGE
-    raster = gt * gh * gw + ph * gw + pw  # [BR]
-    if INVERSE:
-        src, dst = row0 + r, row0 + raster
-    else:
-        src, dst = row0 + raster, row0 + r
-    mask = (r < n_rows)[:, None] & (c < D)[None, :]
-    v = tl.load(x_ptr + src[:, None] * x_s + c[None, :], mask=mask)
-    tl.store(out_ptr + dst[:, None] * D + c[None, :], v, mask=mask)
-
-
 def patch_merge_triton(x: torch.Tensor, grid_thw: torch.Tensor | list, *, merge_size: int = 2,
                        inverse: bool = False) -> torch.Tensor:
     """Triton row gather for all items in one launch -> new contiguous [S, D] (any dtype)."""
@@ -71,10 +55,11 @@ def patch_merge_triton(x: torch.Tensor, grid_thw: torch.Tensor | list, *, merge_
     if x.numel() == 0:
         return out
     table = [[r0, n, h, w] for r0, n, (_, h, w) in zip(exclusive_cumsum(n_rows), n_rows, grids, strict=True)]
+    jit = _triton.load("_merge_triton", x)
     meta = torch.tensor(table, dtype=torch.int64).to(x.device)  # [n, 4]
-    block_r, block_d = (64, 256) if interpreting() else (16, 256)
+    block_r, block_d = (64, 256) if _triton.interpreting() else (16, 256)
     block_item, block_row = row_blocks(n_rows, block_r, x.device)
-    grid = (block_item.numel(), triton.cdiv(x.shape[1], block_d))
-    _patch_merge_kernel[grid](x, out, meta, block_item, block_row, x.shape[1], x.stride(0),
-                              BLOCK_R=block_r, BLOCK_D=block_d, MERGE=merge_size, INVERSE=inverse, num_warps=4)
+    grid = (block_item.numel(), _triton.cdiv(x.shape[1], block_d))
+    jit.patch_merge_kernel[grid](x, out, meta, block_item, block_row, x.shape[1], x.stride(0),
+                                 BLOCK_R=block_r, BLOCK_D=block_d, MERGE=merge_size, INVERSE=inverse, num_warps=4)
     return out

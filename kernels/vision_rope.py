@@ -1,11 +1,11 @@
-"""2D (h, w) rotary embedding of the Qwen2-VL vision tower on q and k (kernel, launcher, reference)."""
+"""2D (h, w) rotary embedding of the Qwen2-VL vision tower on q and k (launcher + torch reference)."""
 
 from __future__ import annotations
 
 import torch
 
+from kernels import _triton
 from kernels._items import sizes_list
-from kernels._triton import cast_out, interpreting, tl, triton
 
 QK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -24,13 +24,17 @@ def vision_position_ids(grid_thw: torch.Tensor | list, merge_size: int = 2) -> t
     return torch.cat(ids, dim=0)  # [S, 2]
 
 
+def rope_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    """[dim/2] float32 inverse frequencies, computed on the CPU exactly as HF does (then moved by the caller)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim))
+
+
 def vision_rope_cos_sin(grid_thw: torch.Tensor | list, head_dim: int, *, theta: float = 10000.0,
                         merge_size: int = 2, device: torch.device | str | None = None,
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [S, head_dim] float32 for the vision tower: emb = cat(h*inv_freq, w*inv_freq) twice."""
     assert head_dim % 4 == 0, f"head_dim must be a multiple of 4, got {head_dim}"
-    dim = head_dim // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))  # [dim/2]
+    inv_freq = rope_inv_freq(theta, head_dim // 2).to(device)  # [head_dim/4]
     pos = vision_position_ids(grid_thw, merge_size).to(device)  # [S, 2]
     freqs = (pos[..., None].float() * inv_freq).flatten(1)  # [S, dim] = cat(h*inv_freq, w*inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)  # [S, head_dim]
@@ -49,35 +53,6 @@ def vision_rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         return ((xf * cos) + (rotated * sin)).to(x.dtype)
 
     return rotate(q), rotate(k)
-
-
-@triton.jit
-def _rotate(x_ptr, o_ptr, src, dst, mask, cos1, cos2, sin1, sin2, HALF: tl.constexpr, OUT_BF16: tl.constexpr):
-    """out = x*cos + rotate_half(x)*sin on one [BP, BD] tile of both halves, in fp32."""
-    x1 = tl.load(x_ptr + src, mask=mask).to(tl.float32)
-    x2 = tl.load(x_ptr + src + HALF, mask=mask).to(tl.float32)
-    tl.store(o_ptr + dst, cast_out(x1 * cos1 - x2 * sin1, OUT_BF16, o_ptr.dtype.element_ty), mask=mask)
-    tl.store(o_ptr + dst + HALF, cast_out(x2 * cos2 + x1 * sin2, OUT_BF16, o_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _vision_rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, n_pairs, H,
-                        q_s, q_h, k_s, k_h, cs_s, sn_s,
-                        HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                        OUT_BF16: tl.constexpr):
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP] flattened (s, h) pair
-    d = tl.arange(0, BLOCK_D)  # [BD] index into each half
-    s, h = (p // H).to(tl.int64), (p % H).to(tl.int64)
-    mask = (p < n_pairs)[:, None] & (d < HALF)[None, :]  # [BP, BD]
-    cs = s[:, None] * cs_s + d[None, :]
-    sn = s[:, None] * sn_s + d[None, :]
-    cos1, cos2 = tl.load(cos_ptr + cs, mask=mask), tl.load(cos_ptr + cs + HALF, mask=mask)
-    sin1, sin2 = tl.load(sin_ptr + sn, mask=mask), tl.load(sin_ptr + sn + HALF, mask=mask)
-    out = (s * H + h)[:, None] * (2 * HALF) + d[None, :]  # outputs are contiguous [S, H, Dh]
-    _rotate(q_ptr, qo_ptr, s[:, None] * q_s + h[:, None] * q_h + d[None, :], out, mask, cos1, cos2, sin1, sin2,
-            HALF, OUT_BF16)
-    _rotate(k_ptr, ko_ptr, s[:, None] * k_s + h[:, None] * k_h + d[None, :], out, mask, cos1, cos2, sin1, sin2,
-            HALF, OUT_BF16)
 
 
 def check_rope_args(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -102,12 +77,13 @@ def vision_rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     k_out = torch.empty_like(q_out)  # [S, H, Dh]
     if q.numel() == 0:
         return q_out, k_out
+    jit = _triton.load("_rope_triton", q, k, cos, sin)
     half = dh // 2
-    block_d = triton.next_power_of_2(half)
-    block_p = max(1, (8192 if interpreting() else 2048) // block_d)
-    grid = (triton.cdiv(s * h, block_p),)
-    _vision_rope_kernel[grid](q, k, cos, sin, q_out, k_out, s * h, h, q.stride(0), q.stride(1),
-                              k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-                              HALF=half, BLOCK_P=block_p, BLOCK_D=block_d,
-                              OUT_BF16=q.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False)
+    block_d = _triton.next_power_of_2(half)
+    block_p = max(1, (8192 if _triton.interpreting() else 2048) // block_d)
+    grid = (_triton.cdiv(s * h, block_p),)
+    jit.vision_rope_kernel[grid](q, k, cos, sin, q_out, k_out, s * h, h, q.stride(0), q.stride(1),
+                                 k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+                                 HALF=half, BLOCK_P=block_p, BLOCK_D=block_d,
+                                 OUT_BF16=q.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False)
     return q_out, k_out

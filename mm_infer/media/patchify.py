@@ -4,28 +4,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
 
 import numpy as np
 import torch
 
-Backend = Literal["torchvision", "pil"]
-BACKENDS: tuple[str, ...] = ("torchvision", "pil")
+from kernels.fused_patchify import patch_rows
+from kernels.geometry import (
+    CLIP_MEAN,
+    CLIP_STD,
+    NORM_BACKENDS,
+    QWEN2_VL,
+    RESCALE,
+    Normalize,
+    NormBackend,
+    PatchGeometry,
+)
 
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+Backend = NormBackend
+BACKENDS: tuple[str, ...] = NORM_BACKENDS
 
 
 @dataclass(frozen=True)
 class PatchSpec:
     """Geometry and normalisation constants of the Qwen2-VL vision input."""
 
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    image_mean: tuple[float, ...] = OPENAI_CLIP_MEAN
-    image_std: tuple[float, ...] = OPENAI_CLIP_STD
-    rescale_factor: float = 1 / 255
+    patch_size: int = QWEN2_VL.patch_size
+    temporal_patch_size: int = QWEN2_VL.temporal_patch_size
+    merge_size: int = QWEN2_VL.merge_size
+    image_mean: tuple[float, ...] = CLIP_MEAN
+    image_std: tuple[float, ...] = CLIP_STD
+    rescale_factor: float = RESCALE
 
     @property
     def factor(self) -> int:
@@ -33,51 +41,39 @@ class PatchSpec:
 
     @property
     def row_width(self) -> int:
-        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+        return self.geometry.width
+
+    @property
+    def geometry(self) -> PatchGeometry:
+        """The kernels/ patch geometry of this spec."""
+        return PatchGeometry(self.patch_size, self.temporal_patch_size, self.merge_size)
+
+    def normalizer(self, backend: Backend) -> Normalize:
+        """The kernels/ normalisation of this spec with `backend`'s float arithmetic."""
+        return Normalize(self.image_mean, self.image_std, backend, self.rescale_factor)
 
 
 DEFAULT_SPEC = PatchSpec()
 
 
 def normalize(frames: torch.Tensor, backend: Backend, spec: PatchSpec = DEFAULT_SPEC) -> torch.Tensor:
-    """uint8 [T, 3, H, W] -> float32 [T, 3, H, W], with each backend's exact float arithmetic.
+    """uint8 [T, 3, H, W] -> float32 [T, 3, H, W], with each backend's exact float arithmetic (kernels' Normalize).
 
     torchvision: one fused step `(x - mean/rescale) / (std/rescale)` in float32.
     pil: `float32(float64(x) * rescale)`, then `(x - mean) / std` in float32.
     """
-    if backend == "torchvision":
-        mean = (torch.tensor(spec.image_mean) * (1.0 / spec.rescale_factor)).view(1, 3, 1, 1)
-        std = (torch.tensor(spec.image_std) * (1.0 / spec.rescale_factor)).view(1, 3, 1, 1)
-        return frames.to(torch.float32).sub_(mean).div_(std)
-    if backend == "pil":
-        mean = torch.from_numpy(np.array(spec.image_mean, dtype=np.float32)).view(1, 3, 1, 1)
-        std = torch.from_numpy(np.array(spec.image_std, dtype=np.float32)).view(1, 3, 1, 1)
-        x = (frames.to(torch.float64) * spec.rescale_factor).to(torch.float32)
-        return x.sub_(mean).div_(std)
-    raise ValueError(f"unknown backend '{backend}', expected one of {BACKENDS}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend '{backend}', expected one of {BACKENDS}")
+    return spec.normalizer(backend).apply(frames.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # [T, 3, H, W]
 
 
 def patchify(frames: torch.Tensor, spec: PatchSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """[T, C, H, W] -> (rows [gt*gh*gw, C*tp*p*p], grid (gt, gh, gw)).
-
-    T is padded up to a multiple of the temporal patch by repeating the last frame. Rows run over
-    t, then merge blocks in raster order, then the merge×merge patches inside a block; features
-    run over C, temporal, patch row, patch column.
-    """
-    t, c, h, w = frames.shape
-    p, tp, m = spec.patch_size, spec.temporal_patch_size, spec.merge_size
-    if h % (p * m) or w % (p * m):
-        raise ValueError(f"frame size {h}x{w} is not a multiple of {p * m}")
-    if t == 1:
-        frames = frames.expand(tp, c, h, w)  # one picture fills the temporal patch: a view, no copy
-        t = tp
-    elif pad := -t % tp:
-        frames = torch.cat([frames, frames[-1:].expand(pad, c, h, w)], dim=0)  # [T+pad, C, H, W]
-        t += pad
-    gt, gh, gw = t // tp, h // p, w // p
-    x = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # [gt, gh/m, gw/m, m, m, C, tp, p, p]
-    return x.reshape(gt * gh * gw, c * tp * p * p), (gt, gh, gw)
+    """[T, C, H, W] -> (rows [gt*gh*gw, C*tp*p*p], grid (gt, gh, gw)) in Qwen2-VL row order (kernels' patch_rows)."""
+    t, _, h, w = frames.shape
+    if h % spec.factor or w % spec.factor:
+        raise ValueError(f"frame size {h}x{w} is not a multiple of {spec.factor}")
+    geometry = spec.geometry
+    return patch_rows(frames, geometry), geometry.grid((t, h, w))
 
 
 @lru_cache(maxsize=16)

@@ -5,17 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from kernels import dispatch as K
 from mm_infer.models.config import VisionConfig
-from mm_infer.models.layers import activation, rope_inv_freq
-from mm_infer.models.vision_ops import (
-    apply_vision_rope,
-    cu_seqlens_from_grid,
-    merge_patches,
-    patch_embed,
-    varlen_attention,
-    vision_position_ids,
-    vision_rope_cos_sin,
-)
+from mm_infer.models.layers import activation
+from mm_infer.models.vision_ops import cu_seqlens_from_grid, varlen_attention
+
+
+def vision_cos_sin(cfg: VisionConfig, grid_thw: Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
+    """float32 cos, sin [P, head_dim] of the 2D vision rope, rows in the processor's merge-block order."""
+    return K.vision_rope_cos_sin(grid_thw, cfg.head_dim, theta=cfg.rope_theta, merge_size=cfg.spatial_merge_size,
+                                 device=device)
 
 
 class PatchEmbed(nn.Module):
@@ -26,7 +25,7 @@ class PatchEmbed(nn.Module):
         self.weight = nn.Parameter(torch.empty(embed_dim, patch_dim))
 
     def forward(self, pixel_values: Tensor) -> Tensor:  # [P, patch_dim] -> [P, D]
-        return patch_embed(pixel_values, self.weight)
+        return K.patch_embed_rows(pixel_values, self.weight)
 
 
 class VisionAttention(nn.Module):
@@ -39,7 +38,7 @@ class VisionAttention(nn.Module):
     def forward(self, x: Tensor, cu_seqlens: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # [P, D]
         p = x.shape[0]
         q, k, v = self.qkv(x).reshape(p, 3, self.num_heads, -1).unbind(1)  # 3 x [P, H, d]
-        q, k = apply_vision_rope(q, k, cos, sin)
+        q, k = K.vision_rope(q, k, cos, sin)  # Triton on CUDA, torch reference on CPU
         out = varlen_attention(q, k, v, cu_seqlens)  # [P, H, d]
         return self.proj(out.reshape(p, -1))
 
@@ -79,7 +78,7 @@ class PatchMerger(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
 
     def forward(self, x: Tensor) -> Tensor:  # [P, E] -> [P/merge^2, out_dim]
-        return self.mlp(merge_patches(self.ln_q(x), self.merge))
+        return self.mlp(K.merge_units(self.ln_q(x), self.merge))
 
 
 class Qwen2VisionTower(nn.Module):
@@ -101,12 +100,10 @@ class Qwen2VisionTower(nn.Module):
             for _ in range(cfg.depth)
         )
         self.merger = PatchMerger(e, cfg.out_dim, cfg.spatial_merge_size, nn.LayerNorm(e, eps=1e-6))
-        self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim // 2)  # float32, deliberately not a buffer
 
     def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tensor:
         x = self.patch_embed(pixel_values)  # [P, E]
-        pos = vision_position_ids(grid_thw, self.cfg.spatial_merge_size).to(x.device)  # [P, 2]
-        cos, sin = vision_rope_cos_sin(pos, self.inv_freq.to(x.device))  # [P, d] float32
+        cos, sin = vision_cos_sin(self.cfg, grid_thw, x.device)  # [P, d] float32
         cu_seqlens = cu_seqlens_from_grid(grid_thw)
         for blk in self.blocks:
             x = blk(x, cu_seqlens, cos, sin)

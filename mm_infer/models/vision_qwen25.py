@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_infer.models.config import VisionConfig
-from mm_infer.models.layers import GatedMLP, RMSNorm, rope_inv_freq
-from mm_infer.models.vision import PatchEmbed, PatchMerger, VisionBlock
-from mm_infer.models.vision_ops import cu_seqlens_from_grid, vision_position_ids, vision_rope_cos_sin
+from mm_infer.models.layers import GatedMLP, RMSNorm
+from mm_infer.models.vision import PatchEmbed, PatchMerger, VisionBlock, vision_cos_sin
+from mm_infer.models.vision_ops import cu_seqlens_from_grid
 
 
 def window_index(grid_thw: Tensor, merge: int, window_size: int, patch_size: int) -> tuple[Tensor, Tensor]:
@@ -62,14 +62,12 @@ class Qwen25VisionTower(nn.Module):
             for _ in range(cfg.depth)
         )
         self.merger = PatchMerger(e, cfg.out_dim, cfg.spatial_merge_size, RMSNorm(e, eps=1e-6))
-        self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim // 2)  # float32, deliberately not a buffer
 
     def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tensor:
         cfg = self.cfg
         unit = cfg.spatial_merge_size**2
         x = self.patch_embed(pixel_values)  # [P, E]
-        pos = vision_position_ids(grid_thw, cfg.spatial_merge_size).to(x.device)  # [P, 2]
-        cos, sin = vision_rope_cos_sin(pos, self.inv_freq.to(x.device))  # [P, d] float32
+        cos, sin = vision_cos_sin(cfg, grid_thw, x.device)  # [P, d] float32
         index, cu_window = window_index(grid_thw, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
         x, cos, sin = (permute_units(a, index, unit) for a in (x, cos, sin))  # window order
         cu_full = cu_seqlens_from_grid(grid_thw)

@@ -1,4 +1,4 @@
-"""Kernel tests run Triton on CUDA when present, else in the CPU interpreter (set before triton is imported)."""
+"""Kernel tests run Triton on CUDA when present, else in the CPU interpreter (set here, before any Triton launch)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # importing kernels/ no longer sets it; @triton.jit reads it at the first launch
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]

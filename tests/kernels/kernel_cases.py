@@ -47,3 +47,20 @@ def golden_frames(name: str, kind: str, backend: str = "torchvision") -> tuple[t
     scale = 1 if backend == "torchvision" else 255
     frames = ((x * table[1] + table[0]) * scale).round().clamp(0, 255).to(torch.uint8).contiguous()
     return frames, pv, [t, h, w]
+
+
+def dispatch_ops() -> dict[str, torch.Tensor]:
+    """One small input per op through kernels.dispatch (the torch references on CPU), results by name."""
+    from kernels import dispatch
+
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, 256, (3, 56, 28, 3), dtype=torch.uint8, generator=g)  # [T, H, W, 3]
+    w = torch.randn(8, 3, 2, 14, 14, generator=g)  # Conv3d weight [D, 3, tp, p, p]
+    grid = dispatch.grid_thw([[3, 56, 28]])  # [[2, 4, 2]]
+    q, k = torch.randn(2, 16, 2, 16, generator=g)  # [S, H, Dh] each
+    cos, sin = dispatch.vision_rope_cos_sin(grid, 16)  # [S, Dh] float32
+    rows = dispatch.patchify(frames)  # [16, 1176]
+    return {"rows": rows, "embed": dispatch.patch_embed(frames, w),
+            "rows_embed": dispatch.patch_embed_rows(rows, w.flatten(1)),
+            "rope": torch.stack(dispatch.vision_rope(q, k, cos, sin)), "merge": dispatch.patch_merge(rows, grid),
+            "units": dispatch.merge_units(rows)}
