@@ -1,13 +1,16 @@
-"""The `mm-infer` command: generate from a local checkpoint, preprocess media, or serve the OpenAI API."""
+"""The library half of the `mm-infer` command: generate from a local checkpoint, preprocess media.
+
+`mm-infer serve` is added by servers/cli.py, the console entry point (the server sits above the library).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -47,60 +50,11 @@ def _preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from servers.openai.config import FetchConfig, MediaCaps, ServerConfig  # the server sits above mm_infer
-    from servers.openai.launch import serve
-
-    engine = {k: v for k, v in (("dtype", args.dtype), ("max_model_len", args.max_model_len),
-                                ("num_kv_blocks", args.num_kv_blocks), ("max_num_seqs", args.max_num_seqs),
-                                ("seed", args.seed)) if v is not None}
-    config = ServerConfig(
-        model_dir=args.model, served_model_name=args.served_model_name, host=args.host, port=args.port,
-        api_key=args.api_key, max_body_bytes=args.max_body_bytes, reasoning_parser=args.reasoning_parser,
-        tool_parser=args.tool_parser, engine_options=engine, replicas=args.replicas, ray_address=args.ray_address,
-        fetch=FetchConfig(allowed_media_paths=tuple(Path(p) for p in args.allowed_media_path),
-                          allow_private_urls=args.allow_private_media_urls, timeout_s=args.media_fetch_timeout,
-                          max_bytes=args.max_media_bytes),
-        caps=MediaCaps(image_max_pixels=args.max_pixels, video_max_pixels=args.video_max_pixels,
-                       max_video_frames=args.max_video_frames))
-    serve(config, args.log_level)
-    return 0
+AddCommands = Callable[[Any], None]  # adds sub-commands to an argparse subparsers object
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
-    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    srv.add_argument("model", help="checkpoint folder in Hugging Face format")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--api-key", default=os.environ.get("MM_INFER_API_KEY"),
-                     help="require Authorization: Bearer <key> (default: $MM_INFER_API_KEY)")
-    srv.add_argument("--served-model-name", default=None)
-    srv.add_argument("--allowed-media-path", action="append", default=[], help="folder file:// URLs may read")
-    srv.add_argument("--allow-private-media-urls", action="store_true", help="allow http(s) to private addresses")
-    srv.add_argument("--media-fetch-timeout", type=float, default=10.0)
-    srv.add_argument("--max-media-bytes", type=int, default=64 * 1024 * 1024)
-    srv.add_argument("--max-body-bytes", type=int, default=100 * 1024 * 1024)
-    srv.add_argument("--max-model-len", type=int, default=None)
-    srv.add_argument("--num-kv-blocks", type=int, default=None)
-    srv.add_argument("--max-num-seqs", type=int, default=None)
-    srv.add_argument("--max-pixels", type=int, default=None, help="image max_pixels cap (default: checkpoint)")
-    srv.add_argument("--video-max-pixels", type=int, default=None)
-    srv.add_argument("--max-video-frames", type=int, default=768)
-    srv.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "think"])
-    srv.add_argument("--tool-parser", default=None, choices=["hermes", "qwen"])
-    srv.add_argument("--dtype", default=None)
-    srv.add_argument("--seed", type=int, default=None)
-    srv.add_argument("--replicas", type=int, default=None,
-                     help="run N engine replicas as Ray actors behind a cache-aware router (default: one in-process)")
-    srv.add_argument("--ray-address", default=None, help="Ray cluster to join with --replicas (default: a local Ray)")
-    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    srv.set_defaults(func=_serve)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mm-infer", description=__doc__)
+def build_parser(*extra: AddCommands) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mm-infer", description="mm-infer: multimodal generation for RL rollouts")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="chat with a local checkpoint about images and videos")
     gen.add_argument("model", help="checkpoint folder in Hugging Face format")
@@ -119,12 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--backend", default="torchvision", choices=["torchvision", "pil"])
     pre.add_argument("--max-pixels", type=int, default=None)
     pre.set_defaults(func=_preprocess)
-    _add_serve(sub)
+    for add in extra:
+        add(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *extra: AddCommands) -> int:
+    args = build_parser(*extra).parse_args(argv)
     from mm_infer.media import MediaError
 
     try:

@@ -108,7 +108,7 @@ def per_request_costs(pool, req) -> dict[str, float]:
     url = "data:image/png;base64," + base64.b64encode(fresh[0]).decode()
     body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                                       {"type": "text", "text": "Describe it."}]}]}
-    with BackgroundServer(config, build_state(config, engine=pool)) as srv, httpx.Client() as client:
+    with BackgroundServer(config, build_state(config, backend=pool)) as srv, httpx.Client() as client:
         client.post(f"{srv.base_url}/tokenize", json=body).raise_for_status()
         http_ms = _mean_ms(lambda i: client.post(f"{srv.base_url}/tokenize", json=body).raise_for_status(), 50)
     return {"router_pick_us": pick_us, "media_put_ms": put_ms, "media_bytes": pixels.numel() * 4,

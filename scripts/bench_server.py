@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from servers.openai.launch import free_port, wait_healthy
+
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = ["photo.png", "photo.webp", "photo_q90.jpg", "gray.png", "rgba.png", "la.png", "exif_rotate90.jpg",
           "cmyk.jpg"]
@@ -66,17 +68,10 @@ async def _load(base: str, args: argparse.Namespace) -> tuple[float, list[float]
 
 def _serve(args: argparse.Namespace, port: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "mm_infer.cli", "serve", args.model, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "servers.cli", "serve", args.model, "--port", str(port),
                              "--num-kv-blocks", str(args.num_kv_blocks), "--log-level", "warning"], cwd=REPO, env=env)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start")
+    wait_healthy(proc, port, "server")
+    return proc
 
 
 def _offline(args: argparse.Namespace) -> float:
@@ -104,7 +99,7 @@ def main() -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=2048)
     parser.add_argument("--distinct-media", action="store_true", help="no media cache hits across requests")
     args = parser.parse_args()
-    from servers.openai.launch import free_port
+
 
     port = free_port()
     proc = _serve(args, port)

@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def start_serve(args: list[str], port: int, timeout_s: float = 180.0) -> tuple[subprocess.Popen, str]:
-    """Run `python -m mm_infer.cli serve ARGS --port PORT` and return it with its base URL once healthy."""
+    """Run `python -m servers.cli serve ARGS --port PORT` and return it with its base URL once healthy."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "mm_infer.cli", "serve", *args, "--port", str(port)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "servers.cli", "serve", *args, "--port", str(port)], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

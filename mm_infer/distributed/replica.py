@@ -46,7 +46,7 @@ class EngineReplica:
             torch.set_num_threads(1)
         self.index = index
         self.core = LLMEngine.from_options(model_dir, **options)
-        self.stream = AsyncEngine(self.core)
+        self.async_engine = AsyncEngine(self.core)
         self.stream_interval_s = stream_interval_s
         self.requests_by_key: Counter[str] = Counter()
         self.requests = 0
@@ -66,7 +66,7 @@ class EngineReplica:
         self.requests += 1
         if affinity_key is not None:
             self.requests_by_key[affinity_key] += 1
-        return self.stream.generate(request, params, request_id, stream)
+        return self.async_engine.generate(request, params, request_id, stream)
 
     def _stamp(self, out: RequestOutput) -> RequestOutput:
         out.extra["weight_version"] = self.core.weight_version  # the version that produced it
@@ -90,28 +90,28 @@ class EngineReplica:
         return self._stamp(last)
 
     def abort(self, request_id: str) -> None:
-        self.stream.abort(request_id)
+        self.async_engine.abort(request_id)
 
     def ping(self) -> dict[str, Any]:
         """Liveness plus the gauges the server exports (read between steps, without the step lock)."""
-        core = self.core
-        return {**core.stats(), "alive": self.stream.is_alive, "waiting": core.num_waiting,
-                "running": core.num_running, "weight_version": core.weight_version,
-                "requests": self.requests, "frozen": self.stream.frozen, "stalled_s": self.stream.stalled_for()}
+        core, loop = self.core, self.async_engine
+        return {**core.stats(), "alive": loop.is_alive, "waiting": core.num_waiting, "running": core.num_running,
+                "weight_version": core.weight_version, "requests": self.requests, "frozen": loop.frozen,
+                "stalled_s": loop.stalled_for()}
 
     def counters(self) -> dict[str, Any]:
         return {"index": self.index, "requests": self.requests, "requests_by_key": dict(self.requests_by_key),
                 **self.core.stats()}
 
     async def update_weights(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> int:
-        await asyncio.to_thread(self.stream.run_locked, self.core.update_weights, bucket, version)
+        await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, bucket, version)
         return self.core.weight_version
 
     def set_frozen(self, frozen: bool) -> None:
-        self.stream.set_frozen(frozen)
+        self.async_engine.set_frozen(frozen)
 
     async def reset_caches(self) -> None:
-        await asyncio.to_thread(self.stream.run_locked, self.core.reset_caches)
+        await asyncio.to_thread(self.async_engine.run_locked, self.core.reset_caches)
 
     def shutdown(self) -> None:
-        self.stream.shutdown()
+        self.async_engine.shutdown()

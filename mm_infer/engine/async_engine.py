@@ -22,8 +22,8 @@ T = TypeVar("T")
 class AsyncEngine:
     """Thread-safe front: generate() yields a RequestOutput snapshot per step until finished."""
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
+    def __init__(self, core: LLMEngine) -> None:
+        self.core = core
         self._lock = threading.Lock()  # one step, or one control call (add, abort, refit), at a time
         self._waiters = 0  # control calls waiting for the lock: the loop lets them in before its next step
         self._no_waiters = threading.Condition()
@@ -54,9 +54,9 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         req = prompt if isinstance(prompt, VLMRequest) else \
-            await loop.run_in_executor(None, self.engine.prepare, prompt)  # media work off the event loop
+            await loop.run_in_executor(None, self.core.prepare, prompt)  # media work off the event loop
         with self._control():
-            self.engine.add_request(rid, req, params)
+            self.core.add_request(rid, req, params)
             self._streams[rid] = (loop, queue)
         self._wake.set()
         finished = False
@@ -78,7 +78,7 @@ class AsyncEngine:
         with self._control():
             if not notify:
                 self._streams.pop(request_id, None)
-            self.engine.abort(request_id)
+            self.core.abort(request_id)
         self._wake.set()
 
     @property
@@ -88,7 +88,7 @@ class AsyncEngine:
 
     def stalled_for(self) -> float:
         """Seconds since the loop last made progress while it had work and was not frozen (0 when fine)."""
-        if self.frozen or not self.engine.has_unfinished():
+        if self.frozen or not self.core.has_unfinished():
             return 0.0
         return max(time.monotonic() - self.last_progress, 0.0)
 
@@ -132,8 +132,8 @@ class AsyncEngine:
                     self._no_waiters.wait(timeout=0.1)
             try:
                 with self._lock:
-                    busy = not self.frozen and self.engine.has_unfinished()
-                    outputs = self.engine.step() if busy else None
+                    busy = not self.frozen and self.core.has_unfinished()
+                    outputs = self.core.step() if busy else None
                     if busy:
                         self.last_progress = time.monotonic()
                     for out in outputs or ():

@@ -103,3 +103,38 @@ def make_output(group: SequenceGroup, decode: Decode) -> RequestOutput:
         finished=group.finished, prompt_logprobs=list(first.prompt_logprobs) if scored else None,
         prompt_top_logprobs=list(first.prompt_top_logprobs) if first.params.prompt_logprobs else None,
         metrics=group.metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs))
+
+
+class OutputAccumulator:
+    """Collects a request's DELTA outputs; `whole()` assembles the cumulative output once, on demand."""
+
+    def __init__(self) -> None:
+        self.last: RequestOutput | None = None
+        self._samples: dict[int, tuple[list[int], list[float], list[dict[int, float]], list[str]]] = {}
+        self._ends: dict[int, CompletionOutput] = {}
+
+    def add(self, delta: RequestOutput) -> RequestOutput:
+        for c in delta.outputs:
+            ids, lps, tops, text = self._samples.setdefault(c.index, ([], [], [], []))
+            ids += c.token_ids
+            lps += c.logprobs
+            tops += c.top_logprobs or []
+            text.append(c.text)
+            self._ends[c.index] = c
+        self.last = delta
+        return delta
+
+    def num_generated(self) -> int:
+        return sum(len(ids) for ids, _, _, _ in self._samples.values())
+
+    def whole(self) -> RequestOutput | None:
+        if self.last is None:
+            return None
+        outputs = []
+        for index in sorted(self._samples):
+            ids, lps, tops, text = self._samples[index]
+            end = self._ends[index]
+            outputs.append(CompletionOutput(index, "".join(text), list(ids), list(lps), end.finish_reason,
+                                            end.stop_reason, list(tops) if end.top_logprobs is not None else None,
+                                            end.cumulative_logprob))
+        return RequestOutput(**{**self.last.__dict__, "outputs": outputs})

@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import contextlib
+import hmac
+import json
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import mm_infer
-from servers.openai.errors import ApiError, error_response, from_exception, validation_error
-from servers.openai.generation import ClientGone
-from servers.openai.middleware import ServerMiddleware
+from servers.openai.admin import add_admin_routes
+from servers.openai.chat import create_chat_completion
+from servers.openai.completions import create_completion
+from servers.openai.metrics import Metrics
 from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from servers.openai.responses import ModelCard, ModelList
-from servers.openai.responses_protocol import ResponsesRequest
-from servers.openai.serving_admin import add_admin_routes
-from servers.openai.serving_chat import create_chat_completion
-from servers.openai.serving_completion import create_completion
-from servers.openai.serving_responses import create_response
-from servers.openai.serving_tokens import detokenize, tokenize
+from servers.openai.replies import (
+    ApiError,
+    ModelCard,
+    ModelList,
+    error_body,
+    error_response,
+    from_exception,
+    validation_error,
+)
+from servers.openai.responses_api.endpoint import create_response
+from servers.openai.responses_api.protocol import ResponsesRequest
 from servers.openai.state import ServerState
+from servers.openai.streaming import ClientGone
+from servers.openai.tokens import detokenize, tokenize
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed request": nobody reads it, metrics do
 
@@ -76,8 +87,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=state.config.model_name, created=state.created,
-                                         root=state.config.model_dir, max_model_len=state.max_model_len,
-                                         weight_version=state.weight_version)])
+                                         root=state.config.model_dir, max_model_len=state.backend.max_model_len,
+                                         weight_version=state.backend.weight_version)])
 
     @app.post("/tokenize")
     async def tokenize_route(req: TokenizeRequest):
@@ -89,7 +100,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if state.engine_alive else 503)
+        return Response(status_code=200 if state.backend.is_alive else 503)
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -103,3 +114,81 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(ServerMiddleware, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes,
                        metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes))
     return app
+
+
+OPEN_PATHS = ("/health", "/version", "/metrics", "/ping")
+
+
+async def _send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps(error_body(status, message)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ServerMiddleware:
+    """Runs before routing: auth, then the body cap (buffered and replayed), then timing."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
+                 known_paths: frozenset[str] = frozenset()) -> None:
+        self.app = app
+        self.known_paths = known_paths  # metric labels: anything else counts as "other"
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.api_key is None or scope["path"] in OPEN_PATHS:
+            return True
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+    async def _read_body(self, receive: Receive) -> list[Message] | None:
+        """All body messages, or None once they pass the cap."""
+        messages, total = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                return messages
+            total += len(message.get("body", b""))
+            if total > self.max_body_bytes:
+                return None
+            if not message.get("more_body", False):
+                return messages
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in self.known_paths else "other"
+        if not self._authorized(scope):
+            self.metrics.request_done(path, 401)
+            await _send_error(send, 401, "missing or invalid API key (send Authorization: Bearer <key>)",
+                              [(b"www-authenticate", b"Bearer")])
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes
+        buffered = None if too_big else await self._read_body(receive)
+        if buffered is None:
+            self.metrics.request_done(path, 413)
+            await _send_error(send, 413, f"request body is over the limit of {self.max_body_bytes} bytes")
+            return
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        status = [500]
+        started = time.perf_counter()
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, replay, send_status)
+        finally:
+            self.metrics.request_done(path, status[0], time.perf_counter() - started)

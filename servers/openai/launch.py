@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 
@@ -17,6 +18,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def wait_healthy(proc: Any, port: int, what: str, timeout_s: float = 180.0) -> None:
+    """Wait for a server subprocess on `port` to answer /health with 200; kill it and raise if it never does."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{what} did not start")
 
 
 def _uvicorn_config(state: ServerState, log_level: str) -> uvicorn.Config:

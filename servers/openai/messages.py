@@ -6,7 +6,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from servers.openai.errors import ApiError
 from servers.openai.protocol import (
     ChatMessage,
     ImageURLPart,
@@ -15,6 +14,7 @@ from servers.openai.protocol import (
     TextPart,
     VideoURLPart,
 )
+from servers.openai.replies import ApiError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
-from servers.openai.backend import EngineBackend
+from mm_infer.serving import EngineBackend
 
 PauseMode = Literal["abort", "wait", "keep"]
 

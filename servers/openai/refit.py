@@ -6,9 +6,9 @@ import asyncio
 from dataclasses import dataclass
 
 from mm_infer.rl.weights import TensorEntry, plan_refit, read_buckets
-from servers.openai.backend import EngineBackend
-from servers.openai.errors import ApiError
+from mm_infer.serving import EngineBackend
 from servers.openai.pause import PauseGate
+from servers.openai.replies import ApiError
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 

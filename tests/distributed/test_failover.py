@@ -30,7 +30,7 @@ MAX_TOKENS = 48
 def server(local_ray: None) -> Iterator[BackgroundServer]:
     config = ServerConfig(model_dir=str(CKPT), port=free_port(), replicas=2, engine_options=OPTIONS)
     srv = BackgroundServer(config).start()
-    pool = srv.state.engine
+    pool = srv.state.backend
     assert isinstance(pool, ReplicaPool)
     pool.supervisor.config = type(pool.config)(**{**pool.config.__dict__, "health_interval_s": 0.3})
     yield srv
@@ -38,7 +38,7 @@ def server(local_ray: None) -> Iterator[BackgroundServer]:
 
 
 def pool_of(server: BackgroundServer) -> ReplicaPool:
-    return server.state.engine  # type: ignore[return-value]
+    return server.state.backend  # type: ignore[return-value]
 
 
 def gauge(server: BackgroundServer, name: str) -> float:
@@ -62,7 +62,7 @@ def test_the_openai_client_gets_images_answered_by_the_replicas(server):
                                                {"type": "text", "text": "What colour?"}]}],
         extra_body={"return_token_ids": True, "ignore_eos": True})
     assert len(reply.choices[0].token_ids) == 6 and reply.model_extra["weight_version"] == 0
-    assert server.state.engine.is_alive and gauge(server, "replicas_up") == 2
+    assert server.state.backend.is_alive and gauge(server, "replicas_up") == 2
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
@@ -276,7 +276,7 @@ def test_a_replica_whose_engine_hangs_is_replaced_and_its_requests_get_503(serve
         victim = pool.supervisor.slots[index]
         restarts = victim.restarts
         hold = lambda replica: threading.Thread(  # noqa: E731  # the engine's step lock, held for a minute
-            target=replica.stream.run_locked, args=(time.sleep, 60), daemon=True).start()
+            target=replica.async_engine.run_locked, args=(time.sleep, 60), daemon=True).start()
         ray.get(victim.handle.__ray_call__.remote(hold))
         worker.join(timeout=60)
         assert result["r"].status_code == 503, result["r"].text

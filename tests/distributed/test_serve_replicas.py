@@ -10,7 +10,7 @@ import ray
 from replica_cases import CKPT
 from serve_process import start_serve, stop_serve
 
-from mm_infer.cli import build_parser
+from servers.cli import build_parser
 from servers.openai.launch import free_port
 
 

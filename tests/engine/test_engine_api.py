@@ -146,10 +146,10 @@ def test_async_cancel_aborts_and_explicit_abort_reports(async_engine):
     tokens = final.outputs[0].token_ids
     assert 2 <= len(tokens) < 500 and len(final.outputs[0].logprobs) == len(tokens)
     deadline = time.time() + 5
-    while async_engine.engine.has_unfinished() and time.time() < deadline:
+    while async_engine.core.has_unfinished() and time.time() < deadline:
         time.sleep(0.01)
-    bm = async_engine.engine.block_manager
-    assert not async_engine.engine.has_unfinished() and bm.num_free_blocks == bm.num_blocks
+    bm = async_engine.core.block_manager
+    assert not async_engine.core.has_unfinished() and bm.num_free_blocks == bm.num_blocks
 
 
 def test_async_generate_on_a_stopped_engine_fails_instead_of_hanging(llm):

@@ -92,10 +92,10 @@ def test_video_url_and_input_video(client):
 def test_uuid_reuses_cached_media(client, server, photo_url):
     first = ask(client, [{"type": "image_url", "image_url": {"url": photo_url}, "uuid": "cat-1"},
                          {"type": "text", "text": "a"}], extra_body={"return_token_ids": True})
-    hits = server.state.resolver.uuid_hits
+    hits = server.state.media.uuid_hits
     again = ask(client, [{"type": "image_url", "uuid": "cat-1"}, {"type": "text", "text": "a"}],
                 extra_body={"return_token_ids": True})
-    assert server.state.resolver.uuid_hits == hits + 1
+    assert server.state.media.uuid_hits == hits + 1
     assert again.model_extra["prompt_token_ids"] == first.model_extra["prompt_token_ids"]
 
 

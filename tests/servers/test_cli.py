@@ -8,7 +8,7 @@ import httpx
 from serve_process import start_serve, stop_serve
 from server_cases import CKPT
 
-from mm_infer.cli import build_parser
+from servers.cli import build_parser
 from servers.openai.launch import free_port
 
 

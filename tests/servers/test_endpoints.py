@@ -114,7 +114,7 @@ def test_streamed_stop_string_never_leaks(client, server):
     kw = {"model": "m", "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0}
     base = client.completions.create(**kw, extra_body={"return_token_ids": True})
     ids, text = base.choices[0].model_extra["token_ids"], base.choices[0].text
-    decode = server.state.tokenizer.decode
+    decode = server.state.preparer.tokenizer.decode
     stop = None
     for k in range(1, len(ids) - 1):  # a stop string straddling a token boundary, first seen there
         b = len(decode(ids[:k], skip_special_tokens=True))
@@ -158,5 +158,5 @@ def test_health_is_503_once_the_engine_stopped():
     config = ServerConfig(model_dir=str(CKPT), port=free_port(), engine_options={"num_kv_blocks": 16})
     with BackgroundServer(config) as srv:
         assert httpx.get(f"{srv.base_url}/health").status_code == 200
-        srv.state.engine.shutdown()
+        srv.state.backend.shutdown()
         assert httpx.get(f"{srv.base_url}/health").status_code == 503

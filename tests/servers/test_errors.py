@@ -122,7 +122,7 @@ def test_impossible_splice_is_400(server):
 
 
 def _wait_idle(server, timeout_s: float = 20.0) -> None:
-    engine = server.state.engine.engine
+    engine = server.state.backend.core
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not engine.groups and engine.block_manager.num_free_blocks == NUM_BLOCKS:
@@ -142,7 +142,7 @@ def test_client_disconnect_aborts_and_frees_blocks(server, stream):
             with c.stream("POST", "/v1/chat/completions", json=body) as r:
                 lines = r.iter_lines()
                 assert next(line for line in lines if line.startswith("data:"))
-                assert server.state.engine.engine.groups, "the request should be running"
+                assert server.state.backend.core.groups, "the request should be running"
         else:
             with pytest.raises(httpx.ReadTimeout):
                 c.post("/v1/chat/completions", json=body)
@@ -160,9 +160,9 @@ def test_engine_side_abort_is_never_a_completion(server):
     body = chat("abort me", max_tokens=MAX_MODEL_LEN, ignore_eos=True, request_id="to-abort")
     worker = threading.Thread(target=lambda: result.update(r=post(server, "/v1/chat/completions", body)))
     worker.start()
-    engine = server.state.engine
+    engine = server.state.backend
     deadline = time.monotonic() + 20
-    while "chatcmpl-to-abort" not in engine.engine.groups:
+    while "chatcmpl-to-abort" not in engine.core.groups:
         assert time.monotonic() < deadline and worker.is_alive(), "request never started"
         time.sleep(0.01)
     engine.abort("chatcmpl-to-abort")  # notify=True: the stream gets a final output with finish_reason "abort"

@@ -12,8 +12,8 @@ from server_cases import MEDIA
 
 from mm_infer.media import MediaTooLargeError
 from servers.openai.config import FetchConfig
-from servers.openai.errors import ApiError
-from servers.openai.fetch import MediaFetcher, is_public_address
+from servers.openai.media import MediaFetcher, is_public_address
+from servers.openai.replies import ApiError
 
 PHOTO = (MEDIA / "images" / "photo.png").read_bytes()
 

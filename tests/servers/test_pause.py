@@ -36,7 +36,7 @@ def _complete(client, max_tokens: int = LONG):
 
 
 def _generated(server) -> int:
-    return sum(len(s.token_ids) for g in server.state.engine.engine.groups.values() for s in g.seqs)
+    return sum(len(s.token_ids) for g in server.state.backend.core.groups.values() for s in g.seqs)
 
 
 def _until_generating(server, fut: Future, at_least: int = 2) -> None:
@@ -60,7 +60,7 @@ def test_abort_ends_in_flight_requests_as_errors_and_holds_new_ones(server, clie
         with pytest.raises(openai.APIStatusError) as info:
             running.result(timeout=60)
         assert info.value.status_code == 503
-        assert server.state.gate.num_inflight == 0 and not server.state.engine.engine.groups
+        assert server.state.gate.num_inflight == 0 and not server.state.backend.core.groups
         waiting = pool.submit(_complete, client, 3)
         time.sleep(0.3)
         assert not waiting.done(), "a request arriving while paused must wait for resume"
@@ -95,7 +95,7 @@ def test_wait_lets_in_flight_requests_finish_first(server, client, llm, pool):
     r = _post(server, "/pause", mode="wait")
     try:
         assert r.status_code == 200 and r.json()["num_paused_requests"] == 1
-        assert not server.state.engine.engine.groups, "pause(wait) returns only once in-flight requests finished"
+        assert not server.state.backend.core.groups, "pause(wait) returns only once in-flight requests finished"
         out = running.result(timeout=60)
         assert out.choices[0].finish_reason == "length"
         ref = llm.generate({"prompt": PROMPT}, SamplingParams(temperature=0, max_tokens=LONG, min_tokens=LONG),
@@ -187,5 +187,5 @@ def test_a_client_that_gives_up_while_paused_costs_nothing(server):
     finally:
         _resume(server)
     time.sleep(0.3)
-    assert server.state.gate.num_inflight == 0 and not server.state.engine.engine.groups
+    assert server.state.gate.num_inflight == 0 and not server.state.backend.core.groups
     assert server.state.metrics.running == 0

@@ -74,7 +74,7 @@ def test_refit_from_disk_follows_hf_with_the_weights_of_the_time(server, client,
     prompt = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],
               "multi_modal_data": {"image": [IMAGE]}, "mm_processor_kwargs": {"max_pixels": SMALL}}
     perturbed = _perturbed_checkpoint(tmp_path / "ckpt")
-    core = server.state.engine.engine
+    core = server.state.backend.core
     _ask(client)  # warm the encoder and prefix caches with the old weights
     prompt_ids, before, v0 = _ask(client)
     assert prompt_ids == llm.engine.prepare(prompt).prompt_token_ids
@@ -114,12 +114,12 @@ def test_refit_rejects_bad_directories_without_loading(server, tmp_path):
     (bad / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
     assert _refit(server, bad).status_code == 400
     assert _version(server) == version
-    norm = server.state.engine.engine.model.language.norm.weight
+    norm = server.state.backend.core.model.language.norm.weight
     assert not torch.all(norm == 7.0), "a rejected directory must load nothing"
 
 
 def test_reset_prefix_cache_recomputes_but_changes_nothing(server, client):
-    core = server.state.engine.engine
+    core = server.state.backend.core
     _, first, _ = _ask(client)
     r = httpx.post(f"{server.base_url}/reset_prefix_cache", headers=AUTH)
     assert r.status_code == 200 and r.json() == {"success": True}

@@ -6,12 +6,12 @@ import pytest
 from pydantic import TypeAdapter
 
 from mm_infer.engine.outputs import CompletionOutput
-from servers.openai.errors import ApiError
 from servers.openai.messages import parse_messages
-from servers.openai.parsers import Parsed, ParsedToolCall
-from servers.openai.responses_build import output_items
-from servers.openai.responses_input import to_chat_messages
-from servers.openai.responses_protocol import InputItem
+from servers.openai.outputs import Parsed, ParsedToolCall
+from servers.openai.replies import ApiError
+from servers.openai.responses_api.build import output_items
+from servers.openai.responses_api.inputs import to_chat_messages
+from servers.openai.responses_api.protocol import InputItem
 
 ITEMS = TypeAdapter(list[InputItem])
 A = {"prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]}

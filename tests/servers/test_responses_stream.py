@@ -8,9 +8,9 @@ import json
 from server_cases import MEDIA, SMALL, data_url
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.responses_build import response_head, to_chat_request
-from servers.openai.responses_protocol import ResponsesRequest
-from servers.openai.responses_stream import response_events
+from servers.openai.responses_api.build import response_head, to_chat_request
+from servers.openai.responses_api.protocol import ResponsesRequest
+from servers.openai.responses_api.stream import response_events
 
 MM = {"mm_processor_kwargs": {"max_pixels": SMALL}}
 
@@ -44,9 +44,10 @@ def _snapshot(text: str, ids: list[int], finish: str | None) -> RequestOutput:
 
 
 def _events(state, req: ResponsesRequest, texts: list[str], finish: str) -> list[dict]:
-    async def snapshots():
+    async def snapshots():  # DELTA outputs, as the server streams them: what is new in each text
         for i, text in enumerate(texts):
-            yield _snapshot(text, list(range(10, 11 + i)), finish if i == len(texts) - 1 else None)
+            before = texts[i - 1] if i else ""
+            yield _snapshot(text[len(before):], [10 + i], finish if i == len(texts) - 1 else None)
 
     async def collect() -> list[str]:
         chat = to_chat_request(req)

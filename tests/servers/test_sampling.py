@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servers.openai.errors import ApiError
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest
-from servers.openai.sampling import to_sampling_params
+from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, to_sampling_params
+from servers.openai.replies import ApiError
 
 MSG = [{"role": "user", "content": "x"}]
 

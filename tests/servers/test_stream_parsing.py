@@ -6,9 +6,9 @@ import json
 from types import SimpleNamespace
 
 from mm_infer.engine.outputs import CompletionOutput
-from servers.openai.parsers import build_output_parser
+from servers.openai.chat import _delta, _Sent
+from servers.openai.outputs import build_output_parser
 from servers.openai.protocol import ChatCompletionRequest
-from servers.openai.serving_chat import _delta, _Sent
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 SNAPSHOTS = ["<think>The us", "<think>The user wants</th", "<think>The user wants</think>Let me", "<think>The user "
@@ -22,9 +22,10 @@ def _run(tools: list | None) -> list:
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "weather?"}], tools=tools)
     sent = _Sent()
     chunks = []
-    for i, text in enumerate(SNAPSHOTS):
+    for i, text in enumerate(SNAPSHOTS):  # the engine sends DELTA outputs: what is new in each snapshot
         final = i == len(SNAPSHOTS) - 1
-        comp = CompletionOutput(0, text, list(range(i + 1)), [0.0] * (i + 1), "stop" if final else None)
+        new = text[len(SNAPSHOTS[i - 1]) if i else 0:]
+        comp = CompletionOutput(0, new, [i], [0.0], "stop" if final else None)
         chunks.append(_delta(state, req, comp, sent))
     return chunks
 

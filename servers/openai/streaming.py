@@ -1,20 +1,23 @@
-"""Drive AsyncEngine for one HTTP request: errors before any byte is sent, abort on client disconnect."""
+"""One engine request per HTTP request (errors before any byte, abort on disconnect) and the shared SSE helpers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from dataclasses import replace
 
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 from starlette.types import Send
 
-from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import SamplingParams
-from servers.openai.errors import ApiError, from_exception
+from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
+from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
+from mm_infer.prompt.inputs import PromptInput
 from servers.openai.pause import Ticket
+from servers.openai.replies import ApiError, error_body, from_exception
 from servers.openai.state import ServerState
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -27,7 +30,7 @@ class ClientGone(Exception):
 def output_version(state: ServerState, out: RequestOutput | None) -> int:
     """The weight version that produced `out` (a replica stamps it), else the engine's current one."""
     stamped = out.extra.get("weight_version") if out is not None else None
-    return state.weight_version if stamped is None else int(stamped)
+    return state.backend.weight_version if stamped is None else int(stamped)
 
 
 def aborted_error() -> ApiError:
@@ -42,14 +45,18 @@ def check_not_aborted(out: RequestOutput, ticket: Ticket | None = None) -> Reque
 
 
 class Generation:
-    """One engine request: `start()` surfaces prompt/media errors, then `final()` or `stream()`."""
+    """One engine request: `start()` surfaces prompt/media errors, then `final()` (the whole output) or `stream()`
+    (DELTA outputs: only what is new each time; `whole()` assembles everything streamed so far)."""
 
-    def __init__(self, state: ServerState, prompt: dict[str, Any], params: SamplingParams, request_id: str,
+    def __init__(self, state: ServerState, prompt: PromptInput, params: SamplingParams, request_id: str,
                  affinity_key: str | None = None, stream: bool = True) -> None:
         self.state = state
         self.request_id = request_id
         self.started = time.perf_counter()
-        self._gen = state.engine.generate(prompt, params, request_id, affinity_key, stream)
+        if stream:
+            params = replace(params, output_kind=RequestOutputKind.DELTA)
+        self._gen = state.backend.generate(prompt, params, request_id, affinity_key, stream)
+        self._streamed = OutputAccumulator()
         self.first: RequestOutput | None = None
         self.ticket: Ticket | None = None
         self.weight_version: int | None = None  # the version when it left the engine (set on close)
@@ -66,7 +73,7 @@ class Generation:
         self.ticket = await self.state.gate.admit(self.request_id)
         self.state.metrics.running += 1
         try:
-            self.first = await self._gen.__anext__()
+            self.first = self._streamed.add(await self._gen.__anext__())
         except BaseException as exc:
             self.state.metrics.running -= 1
             self._closed = True
@@ -90,17 +97,21 @@ class Generation:
         return out
 
     async def stream(self) -> AsyncIterator[RequestOutput]:
-        """Snapshots from the first on; closing this iterator (client gone) aborts the request."""
+        """Outputs from the first on; closing this iterator (client gone) aborts the request."""
         assert self.first is not None, "call start() first"
         last = self.first
         try:
             yield self._unless_paused_away(last)
             if not last.finished:
                 async for out in self._gen:
-                    last = out
+                    last = self._streamed.add(out)
                     yield self._unless_paused_away(out)
         finally:
             await self.aclose(last)
+
+    def whole(self) -> RequestOutput | None:
+        """Everything the request produced so far, assembled from its outputs (one join per sample)."""
+        return self._streamed.whole()
 
     async def aclose(self, last: RequestOutput | None = None) -> None:
         """Abort the engine request if it is still running (idempotent) and record its metrics."""
@@ -115,15 +126,18 @@ class Generation:
         self.state.metrics.running -= 1
         if not last.finished or any(c.finish_reason == "abort" for c in last.outputs):
             self.state.metrics.aborted += 1
-        self.state.metrics.tokens(len(last.prompt_token_ids), sum(len(c.token_ids) for c in last.outputs))
+        self.state.metrics.tokens(len(last.prompt_token_ids), self._streamed.num_generated())
 
     async def final(self, disconnected: Disconnected | None = None) -> RequestOutput:
         """The finished output (starting the request if needed); aborts it when the client is gone."""
         async def run() -> RequestOutput:
-            last = self.first or await self.start()
-            async for out in self.stream():
-                last = out
-            return last
+            if self.first is None:
+                await self.start()
+            async for _ in self.stream():
+                pass
+            whole = self.whole()
+            assert whole is not None
+            return whole
 
         return check_not_aborted(await watch(run(), disconnected), self.ticket)
 
@@ -184,3 +198,41 @@ class ClosingStreamingResponse(StreamingResponse):
             await super().stream_response(send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
+def sse_error(status: int, message: str, type: str | None = None) -> str:
+    """An error event in the middle of an SSE stream (the status line is long gone)."""
+    return f"data: {json.dumps(error_body(status, message, type=type))}\n\n"
+
+
+def sse(model: BaseModel) -> str:
+    return f"data: {model.model_dump_json(exclude_none=True)}\n\n"
+
+
+async def sse_events(outputs: AsyncIterator[tuple[int, RequestOutput]],
+                     event: Callable[[int, RequestOutput], str | None], close: Callable[[], Awaitable[None]],
+                     tail: Callable[[], str | None]) -> AsyncIterator[str]:
+    """The skeleton every streaming endpoint shares: an event per (index, output); an aborted output or an engine
+    failure ends the stream with an error event, not a cut connection; then `tail()` (usage) if any, and [DONE]."""
+    try:
+        async for i, out in outputs:
+            if any(c.finish_reason == "abort" for c in out.outputs):
+                err = aborted_error()
+                yield sse_error(err.status, err.message, type=err.type)
+                break
+            if (text := event(i, out)) is not None:
+                yield text
+    except Exception as exc:
+        err = from_exception(exc)
+        yield sse_error(err.status, err.message, type=err.type)
+    finally:
+        await close()
+    if (text := tail()) is not None:
+        yield text
+    yield "data: [DONE]\n\n"
+
+
+async def indexed(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """One generation's outputs as (0, output), the shape sse_events takes."""
+    async for out in outputs:
+        yield 0, out

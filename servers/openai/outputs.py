@@ -1,4 +1,4 @@
-"""Output parsers (text in; remaining text + parsed metadata out): <think> reasoning, Hermes/Qwen tool calls."""
+"""Engine outputs to response fields: reasoning and tool-call parsing, logprobs, prompt logprobs, usage."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from mm_infer.engine.outputs import CompletionOutput, RequestOutput
+from servers.openai.replies import CompletionLogprobs, TokenLogprob, TopLogprob, Usage
 
 
 @dataclass(frozen=True)
@@ -111,3 +114,59 @@ def build_output_parser(reasoning: str | None, tools: str | None) -> OutputParse
             raise ValueError(f"{flag} {name!r} is unknown; choose one of {sorted(table)}")
     return OutputParser(REASONING_PARSERS[reasoning]() if reasoning else None,
                         TOOL_PARSERS[tools]() if tools else None)
+
+
+def token_str(tokenizer: Any, token_id: int, as_id: bool) -> str:
+    """A token as logprobs show it: its text, or `token_id:N` (vLLM's return_tokens_as_token_ids)."""
+    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _top(tokenizer: Any, alts: dict[int, float] | None, k: int, as_ids: bool) -> list[tuple[str, float]]:
+    ranked = sorted((alts or {}).items(), key=lambda kv: -kv[1])[:k]
+    return [(token_str(tokenizer, t, as_ids), lp) for t, lp in ranked]
+
+
+def chat_logprobs(tokenizer: Any, comp: CompletionOutput, start: int, k: int, as_ids: bool) -> list[TokenLogprob]:
+    """OpenAI chat `logprobs.content` for tokens [start:] of one sample."""
+    out = []
+    for i in range(start, len(comp.token_ids)):
+        token = token_str(tokenizer, comp.token_ids[i], as_ids)
+        alts = comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None
+        out.append(TokenLogprob(token=token, logprob=comp.logprobs[i], bytes=list(token.encode("utf-8")),
+                                top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=list(t.encode("utf-8")))
+                                              for t, lp in _top(tokenizer, alts, k, as_ids)]))
+    return out
+
+
+def completion_logprobs(tokenizer: Any, comp: CompletionOutput, k: int, as_ids: bool,
+                        start: int = 0) -> CompletionLogprobs:
+    """Legacy text-completion logprobs for tokens [start:]: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens = [token_str(tokenizer, t, as_ids) for t in comp.token_ids[start:]]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    tops = None
+    if k:
+        tops = [dict(_top(tokenizer, comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None,
+                          k, as_ids)) for i in range(start, len(comp.token_ids))]
+    return CompletionLogprobs(tokens=tokens, token_logprobs=list(comp.logprobs[start:]), top_logprobs=tops,
+                              text_offset=offsets)
+
+
+def prompt_logprobs(tokenizer: Any, out: RequestOutput, as_ids: bool) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM shape: None for the first prompt token, then {token_id: {logprob, rank, decoded_token}}."""
+    lps = out.prompt_logprobs or []
+    result: list[dict[str, dict[str, Any]] | None] = []
+    for i, token in enumerate(out.prompt_token_ids):
+        lp = lps[i] if i < len(lps) else None
+        result.append(None if lp is None else
+                      {str(token): {"logprob": lp, "rank": None, "decoded_token": token_str(tokenizer, token, as_ids)}})
+    return result
+
+
+def usage(out: RequestOutput) -> Usage:
+    generated = sum(len(c.token_ids) for c in out.outputs)
+    prompt = len(out.prompt_token_ids)
+    return Usage(prompt_tokens=prompt, completion_tokens=generated, total_tokens=prompt + generated,
+                 prompt_tokens_details={"cached_tokens": out.num_cached_tokens})

@@ -10,14 +10,20 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.errors import ApiError, from_exception
-from servers.openai.generation import ClosingStreamingResponse, Generation, merge_streams, output_version, watch
-from servers.openai.protocol import CompletionRequest
-from servers.openai.responses import CompletionChoice, CompletionResponse, Usage
-from servers.openai.sampling import to_sampling_params
+from mm_infer.prompt.inputs import PromptInput
+from servers.openai.outputs import completion_logprobs, prompt_logprobs, usage
+from servers.openai.protocol import CompletionRequest, to_sampling_params
+from servers.openai.replies import ApiError, CompletionChoice, CompletionResponse, Usage
 from servers.openai.state import ServerState
-from servers.openai.stream_text import sse_error, visible_text
-from servers.openai.token_fields import completion_logprobs, prompt_logprobs, usage
+from servers.openai.streaming import (
+    ClosingStreamingResponse,
+    Generation,
+    merge_streams,
+    output_version,
+    sse,
+    sse_events,
+    watch,
+)
 
 
 def prompt_ids(state: ServerState, req: CompletionRequest) -> list[list[int]]:
@@ -31,46 +37,35 @@ def prompt_ids(state: ServerState, req: CompletionRequest) -> list[list[int]]:
         prompts = list(raw)  # type: ignore[arg-type]
     if not prompts:
         raise ApiError(400, "prompt is empty", param="prompt")
-    out = [state.renderer.encode(p, add_special_tokens=req.add_special_tokens) if isinstance(p, str) else list(p)
-           for p in prompts]
+    encode = state.preparer.renderer.encode
+    out = [encode(p, add_special_tokens=req.add_special_tokens) if isinstance(p, str) else list(p) for p in prompts]
     for i, ids in enumerate(out):
         if not ids:
             raise ApiError(400, f"prompt {i} is empty", param="prompt")
-        if bad := [t for t in ids if not 0 <= t < state.vocab_size]:
+        if bad := [t for t in ids if not 0 <= t < state.backend.vocab_size]:
             raise ApiError(400, f"prompt {i} has token ids outside the vocabulary: {bad[:5]}", param="prompt")
     return out
 
 
 def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, base: int) -> list[CompletionChoice]:
     as_ids = req.return_tokens_as_token_ids
+    tok = state.preparer.tokenizer
     return [CompletionChoice(
         index=base + c.index, text=c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-        logprobs=completion_logprobs(state, c, req.logprobs, as_ids) if req.logprobs is not None else None,
+        logprobs=completion_logprobs(tok, c, req.logprobs, as_ids) if req.logprobs is not None else None,
         token_ids=list(c.token_ids) if req.return_token_ids else None,
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
-        prompt_logprobs=prompt_logprobs(state, out, as_ids) if req.prompt_logprobs is not None else None)
+        prompt_logprobs=prompt_logprobs(tok, out, as_ids) if req.prompt_logprobs is not None else None)
         for c in out.outputs]
 
 
-class _Sent:
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.text = ""
-
-
-def _delta(state: ServerState, req: CompletionRequest, c: CompletionOutput, sent: _Sent,
-           index: int) -> CompletionChoice:
-    text = visible_text(c.text, c.finish_reason is not None, req.stop)
-    delta = text[len(sent.text):] if text.startswith(sent.text) else ""
-    sent.text += delta
+def _delta(state: ServerState, req: CompletionRequest, c: CompletionOutput, index: int) -> CompletionChoice:
+    """A chunk choice from one DELTA output of one sample."""
     logprobs = None
     if req.logprobs is not None:
-        logprobs = completion_logprobs(state, c, req.logprobs, req.return_tokens_as_token_ids, start=sent.tokens)
-    choice = CompletionChoice(index=index, text=delta, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                              logprobs=logprobs, token_ids=list(c.token_ids[sent.tokens:]) if req.return_token_ids
-                              else None)
-    sent.tokens = len(c.token_ids)
-    return choice
+        logprobs = completion_logprobs(state.preparer.tokenizer, c, req.logprobs, req.return_tokens_as_token_ids)
+    return CompletionChoice(index=index, text=c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                            logprobs=logprobs, token_ids=list(c.token_ids) if req.return_token_ids else None)
 
 
 async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str,
@@ -79,28 +74,24 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
 
-    sent = [_Sent() for _ in range(len(gens) * req.n)]
-    last: dict[int, RequestOutput] = {}
-    try:
-        async for i, out in merge_streams(gens):
-            last[i] = out
-            if any(c.finish_reason == "abort" for c in out.outputs):
-                yield sse_error(503, "the request was aborted before it finished", type="aborted")
-                break
-            choices = [_delta(state, req, c, sent[i * req.n + c.index], i * req.n + c.index) for c in out.outputs
-                       if len(c.token_ids) > sent[i * req.n + c.index].tokens or c.finish_reason]
-            if choices:
-                chunk = CompletionResponse(**head(out), choices=choices)
-                yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-    except Exception as exc:  # an engine failure mid-stream becomes an error event, not a cut connection
-        err = from_exception(exc)
-        yield sse_error(err.status, err.message, type=err.type)
-    done = len(last) == len(gens) and all(o.finished for o in last.values())
-    if done and req.stream_options is not None and req.stream_options.include_usage:
-        totals = [usage(o) for o in last.values()]
-        chunk = CompletionResponse(**head(), choices=[], usage=_sum(totals))
-        yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-    yield "data: [DONE]\n\n"
+    def event(i: int, out: RequestOutput) -> str | None:
+        choices = [_delta(state, req, c, i * req.n + c.index) for c in out.outputs
+                   if c.token_ids or c.text or c.finish_reason]
+        return sse(CompletionResponse(**head(out), choices=choices)) if choices else None
+
+    def tail() -> str | None:
+        wholes = [g.whole() for g in gens]
+        if not all(w is not None and w.finished for w in wholes):
+            return None
+        if req.stream_options is None or not req.stream_options.include_usage:
+            return None
+        return sse(CompletionResponse(**head(), choices=[], usage=_sum([usage(w) for w in wholes if w])))
+
+    async def close() -> None:
+        await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
+
+    async for text in sse_events(merge_streams(gens), event, close, tail):
+        yield text
 
 
 def _sum(totals: list[Usage]) -> Usage:
@@ -110,11 +101,11 @@ def _sum(totals: list[Usage]) -> Usage:
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
-    params = to_sampling_params(req, state.vocab_size)
+    params = to_sampling_params(req, state.backend.vocab_size)
     prompts = prompt_ids(state, req)
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
-    gens = [Generation(state, {"prompt_token_ids": ids}, params, f"{rid}-{i}", req.affinity_key, req.stream)
+    gens = [Generation(state, PromptInput(token_ids=ids), params, f"{rid}-{i}", req.affinity_key, req.stream)
             for i, ids in enumerate(prompts)]
     if req.stream:
         starts = [asyncio.ensure_future(g.start()) for g in gens]

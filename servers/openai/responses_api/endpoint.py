@@ -7,21 +7,21 @@ import uuid
 
 from fastapi import Request
 
-from servers.openai.chat_prompt import build_chat_prompt
-from servers.openai.generation import ClosingStreamingResponse, Generation, watch
-from servers.openai.responses_build import finish_response, response_head, to_chat_request
-from servers.openai.responses_objects import ResponseObject
-from servers.openai.responses_protocol import ResponsesRequest
-from servers.openai.responses_stream import response_events
-from servers.openai.sampling import check_tool_choice, to_sampling_params
+from servers.openai.chat import build_chat_prompt
+from servers.openai.protocol import check_tool_choice, to_sampling_params
+from servers.openai.responses_api.build import finish_response, response_head, to_chat_request
+from servers.openai.responses_api.objects import ResponseObject
+from servers.openai.responses_api.protocol import ResponsesRequest
+from servers.openai.responses_api.stream import response_events
 from servers.openai.state import ServerState
+from servers.openai.streaming import ClosingStreamingResponse, Generation, watch
 
 
 async def create_response(state: ServerState, req: ResponsesRequest,
                           request: Request) -> ResponseObject | ClosingStreamingResponse:
     chat = to_chat_request(req)
     check_tool_choice(chat)
-    params = to_sampling_params(chat, state.vocab_size)
+    params = to_sampling_params(chat, state.backend.vocab_size)
     prompt = await build_chat_prompt(
         state, chat.messages, add_generation_prompt=True, continue_final_message=False,
         chat_template_kwargs=chat.chat_template_kwargs, mm_processor_kwargs=chat.mm_processor_kwargs,

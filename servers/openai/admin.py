@@ -5,12 +5,14 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from servers.openai.protocol import PauseRequest, UpdateWeightsFromDiskRequest
-from servers.openai.responses import PauseStatus, UpdateWeightsResponse, WeightVersion
+from servers.openai.refit import Refitter
+from servers.openai.replies import PauseStatus, UpdateWeightsResponse, WeightVersion
 from servers.openai.state import ServerState
 
 
 def add_admin_routes(app: FastAPI, state: ServerState) -> None:
     gate = state.gate
+    refitter = Refitter(state.backend, gate)
 
     @app.post("/pause")
     async def pause(req: PauseRequest | None = None) -> PauseStatus:
@@ -29,7 +31,7 @@ def add_admin_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
-        done = await state.refitter.from_disk(req.model_path, req.weight_version, req.bucket_bytes,
+        done = await refitter.from_disk(req.model_path, req.weight_version, req.bucket_bytes,
                                               req.abort_all_requests)
         return UpdateWeightsResponse(message=f"loaded {done.num_tensors} tensors from {req.model_path}",
                                      weight_version=done.weight_version, num_tensors=done.num_tensors,
@@ -37,9 +39,9 @@ def add_admin_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, bool]:
-        await state.refitter.reset_caches()
+        await refitter.reset_caches()
         return {"success": True}
 
     @app.get("/weight_version")
     async def weight_version() -> WeightVersion:
-        return WeightVersion(weight_version=state.weight_version)
+        return WeightVersion(weight_version=state.backend.weight_version)

@@ -4,16 +4,15 @@ Consecutive assistant-side items (reasoning, assistant message, function_call) f
 turn takes the token ids of its item that carries them; that item closes the turn, so a later assistant item
 starts a new turn that never inherits them. Any other item (user / system / developer message,
 function_call_output) flushes the turn, and the ids are consumed with it. An assistant item with nothing
-to say (no text, reasoning or call) is dropped, ids and all.
-"""
+to say (no text, reasoning or call) is dropped, ids and all."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servers.openai.errors import ApiError
 from servers.openai.protocol import ChatMessage, TextPart, ToolCall, ToolCallFunction
-from servers.openai.responses_protocol import (
+from servers.openai.replies import ApiError
+from servers.openai.responses_api.protocol import (
     AssistantItem,
     FunctionCallItem,
     FunctionCallOutputItem,

@@ -1,4 +1,4 @@
-"""MediaFetcher: media URLs (data:, file:// under allowed folders, http(s) to public hosts) to bytes, bounded."""
+"""Media for a request: fetch bytes under limits (SSRF checks, timeouts), decode them into MediaItems off the loop."""
 
 from __future__ import annotations
 
@@ -6,16 +6,22 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from mm_infer.media import MediaTooLargeError
+from mm_infer.media import MediaProcessor, MediaTooLargeError
+from mm_infer.media.cache import ByteLRU
 from mm_infer.media.limits import MediaLimits
 from mm_infer.media.sources import decode_data_url
-from servers.openai.config import FetchConfig
-from servers.openai.errors import ApiError
+from mm_infer.prompt.media import MediaDefaults
+from mm_infer.prompt.request import MediaItem, items_from_packed
+from servers.openai.config import FetchConfig, MediaCaps
+from servers.openai.messages import MediaRef
+from servers.openai.replies import ApiError
 
 
 def is_public_address(address: str) -> bool:
@@ -125,3 +131,84 @@ class MediaFetcher:
         except httpx.HTTPError as e:
             raise ApiError(400, f"fetching the media URL failed: {type(e).__name__}", param="url") from None
         return b"".join(chunks)
+
+
+IMAGE_KEYS = {"min_pixels", "max_pixels"}
+VIDEO_KEYS = {"fps", "num_frames", "video_min_pixels", "video_max_pixels", "total_pixels"}
+
+
+@dataclass(frozen=True)
+class MediaOptions:
+    """Per-request processing options after checking them against the server caps."""
+
+    image: tuple[tuple[str, Any], ...]
+    video: tuple[tuple[str, Any], ...]
+
+
+class MediaResolver:
+    """Fetch, decode and cache (by uuid) a request's media under the server's caps."""
+
+    def __init__(self, fetcher: MediaFetcher, processor: MediaProcessor, defaults: MediaDefaults,
+                 caps: MediaCaps) -> None:
+        self.fetcher = fetcher
+        self.processor = processor
+        self.caps = caps
+        self.image_max = caps.image_max_pixels or defaults.image_max_pixels
+        self.video_max = caps.video_max_pixels or defaults.video_max_pixels
+        self.max_fps = caps.max_video_fps or defaults.video_fps
+        self.defaults = defaults
+        self._by_uuid: ByteLRU[MediaItem] = ByteLRU(caps.uuid_cache_bytes)
+
+    @property
+    def uuid_hits(self) -> int:
+        return self._by_uuid.hits
+
+    def options(self, kwargs: dict[str, Any] | None) -> MediaOptions:
+        """Check mm_processor_kwargs: known keys only, and never above the server caps (400 otherwise)."""
+        kw = dict(kwargs or {})
+        if unknown := sorted(set(kw) - IMAGE_KEYS - VIDEO_KEYS):
+            raise ApiError(400, f"unrecognized mm_processor_kwargs: {', '.join(unknown)}",
+                           param="mm_processor_kwargs")
+        limits = {"max_pixels": self.image_max, "min_pixels": self.image_max, "video_max_pixels": self.video_max,
+                  "video_min_pixels": self.video_max, "total_pixels": None,
+                  "num_frames": self.caps.max_video_frames, "fps": self.max_fps}
+        for key, value in kw.items():
+            kind = (int, float) if key == "fps" else int
+            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+                raise ApiError(400, f"mm_processor_kwargs.{key} must be a positive "
+                               f"{'number' if key == 'fps' else 'integer'}", param=f"mm_processor_kwargs.{key}")
+            cap = limits[key]
+            if cap is not None and value > cap:
+                raise ApiError(400, f"mm_processor_kwargs.{key}={value} is above this server's cap of {cap}",
+                               param=f"mm_processor_kwargs.{key}")
+        image = {"min_pixels": kw.get("min_pixels", self.defaults.image_min_pixels),
+                 "max_pixels": kw.get("max_pixels", self.image_max)}
+        video = {"min_pixels": kw.get("video_min_pixels", self.defaults.video_min_pixels),
+                 "max_pixels": kw.get("video_max_pixels", self.video_max), "fps": float(kw.get("fps", self.max_fps)),
+                 "num_frames": kw.get("num_frames"), "total_pixels": kw.get("total_pixels")}
+        for name, opts in (("image", image), ("video", video)):
+            if opts["min_pixels"] and opts["max_pixels"] and opts["min_pixels"] > opts["max_pixels"]:
+                raise ApiError(400, f"{name} min_pixels ({opts['min_pixels']}) is above max_pixels "
+                               f"({opts['max_pixels']})", param="mm_processor_kwargs")
+        return MediaOptions(tuple(sorted(image.items())), tuple(sorted(video.items())))
+
+    async def _one(self, ref: MediaRef, opts: MediaOptions) -> MediaItem:
+        key = f"{ref.kind}|{ref.uuid}|{opts!r}"
+        if ref.uuid and (hit := self._by_uuid.get(key)) is not None:
+            return hit
+        if ref.url is None:
+            raise ApiError(400, f"no cached {ref.kind} for uuid {ref.uuid!r}; send its URL again", param="uuid")
+        data = await self.fetcher.fetch(ref.url)
+        overrides = dict(opts.image if ref.kind == "image" else opts.video)
+        packed, metas = await self.processor.aprocess(ref.kind, [data], **overrides)
+        seconds = None if ref.kind == "image" else [float(metas[0].second_per_grid_ts or 0.0)]
+        item = items_from_packed(ref.kind, packed, seconds)[0]
+        if ref.uuid:
+            self._by_uuid.put(key, item, packed.pixel_values.nbytes)
+        return item
+
+    async def resolve(self, refs: list[MediaRef], opts: MediaOptions) -> list[MediaItem]:
+        """The prompt's media items, fetched and decoded concurrently, in prompt order."""
+        if len(refs) > self.processor.limits.max_items:
+            raise MediaTooLargeError(f"{len(refs)} media items, over the limit of {self.processor.limits.max_items}")
+        return list(await asyncio.gather(*(self._one(r, opts) for r in refs)))

@@ -8,15 +8,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mm_infer.engine.outputs import RequestOutput
-from servers.openai.errors import from_exception
-from servers.openai.generation import aborted_error, output_version
-from servers.openai.parsers import Parsed
+from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
+from servers.openai.outputs import Parsed
 from servers.openai.protocol import ChatCompletionRequest
-from servers.openai.responses_build import ItemIds, finish_response, parse_output
-from servers.openai.responses_objects import OutputMessage, OutputReasoning, ResponseObject
+from servers.openai.replies import from_exception
+from servers.openai.responses_api.build import ItemIds, finish_response, parse_output
+from servers.openai.responses_api.objects import OutputMessage, OutputReasoning, ResponseObject
 from servers.openai.state import ServerState
-from servers.openai.stream_text import visible_text
+from servers.openai.streaming import aborted_error, output_version
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:
@@ -126,19 +125,21 @@ async def response_events(state: ServerState, head: ResponseObject, chat: ChatCo
     yield ev("response.created", response=_dump(head))
     yield ev("response.in_progress", response=_dump(head))
     final: RequestOutput | None = None
-    version = state.weight_version
+    version = state.backend.weight_version
+    streamed = OutputAccumulator()  # `snapshots` are DELTA outputs
+    text = ""  # the parsers read all of it: markup may span deltas
     try:
         async for out in snapshots:
-            comp = out.outputs[0]
+            comp = streamed.add(out).outputs[0]
+            text += comp.text
             if comp.finish_reason == "abort":
                 err = aborted_error()
                 yield ev("error", code=str(err.status), message=err.message, param=None)
                 return
             if comp.finish_reason is not None:
-                final, version = out, output_version(state, out)  # still in flight: no refit can have run yet
+                final, version = streamed.whole(), output_version(state, out)  # in flight: no refit can have run yet
                 break
-            for event in progress.advance(parse_output(state, chat, visible_text(comp.text, False, chat.stop),
-                                                       False)):
+            for event in progress.advance(parse_output(state, chat, text, False)):
                 yield event
     except Exception as exc:  # an abort by pause or an engine failure becomes an error event
         err = from_exception(exc)

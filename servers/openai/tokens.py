@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from servers.openai.chat_prompt import build_chat_prompt
-from servers.openai.errors import ApiError, from_exception
+from mm_infer.prompt.inputs import PromptInput
+from servers.openai.chat import build_chat_prompt
+from servers.openai.outputs import token_str
 from servers.openai.protocol import DetokenizeRequest, TokenizeRequest
-from servers.openai.responses import DetokenizeResponse, PlaceholderOut, TokenizeResponse
+from servers.openai.replies import ApiError, DetokenizeResponse, PlaceholderOut, TokenizeResponse, from_exception
 from servers.openai.state import ServerState
 
 
@@ -16,25 +16,25 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
     if (req.prompt is None) == (req.messages is None):
         raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
     if req.messages is not None:
-        prompt: dict[str, Any] = await build_chat_prompt(
+        prompt = await build_chat_prompt(
             state, req.messages, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
             mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools)
     else:
-        prompt = {"prompt_token_ids": state.renderer.encode(req.prompt or "", req.add_special_tokens)}
+        prompt = PromptInput(token_ids=state.preparer.renderer.encode(req.prompt or "", req.add_special_tokens))
     try:
-        prepared = await asyncio.to_thread(state.engine.prepare, prompt)
+        prepared = await asyncio.to_thread(state.preparer.prepare, prompt)
     except Exception as exc:
         raise from_exception(exc) from exc
     ids = list(prepared.prompt_token_ids)
     return TokenizeResponse(
-        count=len(ids), max_model_len=state.max_model_len, tokens=ids,
-        token_strs=[state.token_str(t, False) for t in ids] if req.return_token_strs else None,
+        count=len(ids), max_model_len=state.backend.max_model_len, tokens=ids,
+        token_strs=[token_str(state.preparer.tokenizer, t, False) for t in ids] if req.return_token_strs else None,
         placeholders=[PlaceholderOut(modality=r.modality, offset=r.offset, length=r.length)
                       for r in prepared.placeholders])
 
 
 def detokenize(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:
-    if bad := [t for t in req.tokens if not 0 <= t < state.vocab_size]:
+    if bad := [t for t in req.tokens if not 0 <= t < state.backend.vocab_size]:
         raise ApiError(400, f"token ids outside the vocabulary: {bad[:5]}", param="tokens")
-    return DetokenizeResponse(prompt=state.tokenizer.decode(req.tokens, skip_special_tokens=False))
+    return DetokenizeResponse(prompt=state.preparer.tokenizer.decode(req.tokens, skip_special_tokens=False))

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from servers.openai.responses import TokenLogprob
+from servers.openai.replies import TokenLogprob
 
 
 class OutputTokenFields(BaseModel):

@@ -6,12 +6,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.errors import ApiError
-from servers.openai.parsers import Parsed
+from servers.openai.outputs import Parsed, chat_logprobs
 from servers.openai.protocol import ChatCompletionRequest, FunctionDef, Tool
-from servers.openai.responses import TokenLogprob
-from servers.openai.responses_input import to_chat_messages
-from servers.openai.responses_objects import (
+from servers.openai.replies import ApiError, TokenLogprob
+from servers.openai.responses_api.inputs import to_chat_messages
+from servers.openai.responses_api.objects import (
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
@@ -21,9 +20,8 @@ from servers.openai.responses_objects import (
     ResponseObject,
     ResponseUsage,
 )
-from servers.openai.responses_protocol import ResponsesRequest
+from servers.openai.responses_api.protocol import ResponsesRequest
 from servers.openai.state import ServerState
-from servers.openai.token_fields import chat_logprobs
 
 
 @dataclass
@@ -107,7 +105,7 @@ def response_head(state: ServerState, req: ResponsesRequest, rid: str, created: 
         top_p=req.top_p, top_logprobs=req.top_logprobs,
         tools=[t.model_dump(exclude_none=True) for t in req.tools or []],
         tool_choice=req.tool_choice or "auto", parallel_tool_calls=req.parallel_tool_calls is not False,
-        metadata=req.metadata, user=req.user, weight_version=state.weight_version)
+        metadata=req.metadata, user=req.user, weight_version=state.backend.weight_version)
 
 
 def finish_response(state: ServerState, head: ResponseObject, chat: ChatCompletionRequest, out: RequestOutput,
@@ -115,7 +113,8 @@ def finish_response(state: ServerState, head: ResponseObject, chat: ChatCompleti
     """head completed with the output items, usage and status of the finished request."""
     comp = out.outputs[0]
     parsed = parse_output(state, chat, comp.text, True)
-    logprobs = chat_logprobs(state, comp, 0, chat.top_logprobs or 0, False) if chat.logprobs else None
+    tok = state.preparer.tokenizer
+    logprobs = chat_logprobs(tok, comp, 0, chat.top_logprobs or 0, False) if chat.logprobs else None
     prompt, generated = len(out.prompt_token_ids), len(comp.token_ids)
     usage = ResponseUsage(input_tokens=prompt, output_tokens=generated, total_tokens=prompt + generated,
                           input_tokens_details={"cached_tokens": out.num_cached_tokens},
@@ -125,4 +124,4 @@ def finish_response(state: ServerState, head: ResponseObject, chat: ChatCompleti
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "output": output_items(parsed, comp, out.prompt_token_ids, logprobs, item_ids), "usage": usage,
-        "weight_version": state.weight_version if weight_version is None else weight_version})
+        "weight_version": state.backend.weight_version if weight_version is None else weight_version})

@@ -1,0 +1,72 @@
+"""The `mm-infer` console command: the library's sub-commands plus `serve` (the OpenAI-compatible server)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mm_infer import cli as library_cli
+from servers.openai.config import FetchConfig, MediaCaps, ServerConfig
+from servers.openai.launch import serve
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    engine = {k: v for k, v in (("dtype", args.dtype), ("max_model_len", args.max_model_len),
+                                ("num_kv_blocks", args.num_kv_blocks), ("max_num_seqs", args.max_num_seqs),
+                                ("seed", args.seed)) if v is not None}
+    config = ServerConfig(
+        model_dir=args.model, served_model_name=args.served_model_name, host=args.host, port=args.port,
+        api_key=args.api_key, max_body_bytes=args.max_body_bytes, reasoning_parser=args.reasoning_parser,
+        tool_parser=args.tool_parser, engine_options=engine, replicas=args.replicas, ray_address=args.ray_address,
+        fetch=FetchConfig(allowed_media_paths=tuple(Path(p) for p in args.allowed_media_path),
+                          allow_private_urls=args.allow_private_media_urls, timeout_s=args.media_fetch_timeout,
+                          max_bytes=args.max_media_bytes),
+        caps=MediaCaps(image_max_pixels=args.max_pixels, video_max_pixels=args.video_max_pixels,
+                       max_video_frames=args.max_video_frames))
+    serve(config, args.log_level)
+    return 0
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    srv.add_argument("model", help="checkpoint folder in Hugging Face format")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", default=os.environ.get("MM_INFER_API_KEY"),
+                     help="require Authorization: Bearer <key> (default: $MM_INFER_API_KEY)")
+    srv.add_argument("--served-model-name", default=None)
+    srv.add_argument("--allowed-media-path", action="append", default=[], help="folder file:// URLs may read")
+    srv.add_argument("--allow-private-media-urls", action="store_true", help="allow http(s) to private addresses")
+    srv.add_argument("--media-fetch-timeout", type=float, default=10.0)
+    srv.add_argument("--max-media-bytes", type=int, default=64 * 1024 * 1024)
+    srv.add_argument("--max-body-bytes", type=int, default=100 * 1024 * 1024)
+    srv.add_argument("--max-model-len", type=int, default=None)
+    srv.add_argument("--num-kv-blocks", type=int, default=None)
+    srv.add_argument("--max-num-seqs", type=int, default=None)
+    srv.add_argument("--max-pixels", type=int, default=None, help="image max_pixels cap (default: checkpoint)")
+    srv.add_argument("--video-max-pixels", type=int, default=None)
+    srv.add_argument("--max-video-frames", type=int, default=768)
+    srv.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "think"])
+    srv.add_argument("--tool-parser", default=None, choices=["hermes", "qwen"])
+    srv.add_argument("--dtype", default=None)
+    srv.add_argument("--seed", type=int, default=None)
+    srv.add_argument("--replicas", type=int, default=None,
+                     help="run N engine replicas as Ray actors behind a cache-aware router (default: one in-process)")
+    srv.add_argument("--ray-address", default=None, help="Ray cluster to join with --replicas (default: a local Ray)")
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    srv.set_defaults(func=run_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return library_cli.build_parser(add_serve)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return library_cli.main(argv, add_serve)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

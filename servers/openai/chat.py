@@ -1,0 +1,193 @@
+"""POST /v1/chat/completions: messages to a prompt, one engine request, answered whole or as SSE chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from mm_infer.engine.outputs import CompletionOutput, RequestOutput
+from mm_infer.prompt import replace_prefix_tokens
+from mm_infer.prompt.inputs import PromptInput
+from servers.openai.messages import parse_messages
+from servers.openai.outputs import Parsed, chat_logprobs, prompt_logprobs, usage
+from servers.openai.protocol import ChatCompletionRequest, ChatMessage, Tool, check_tool_choice, to_sampling_params
+from servers.openai.replies import (
+    ApiError,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    ChoiceLogprobs,
+    DeltaMessage,
+    FunctionCall,
+    ToolCallDelta,
+    ToolCallOut,
+)
+from servers.openai.state import ServerState
+from servers.openai.streaming import (
+    ClosingStreamingResponse,
+    Generation,
+    indexed,
+    output_version,
+    sse,
+    sse_events,
+    watch,
+)
+
+
+async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, add_generation_prompt: bool,
+                            continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None,
+                            mm_processor_kwargs: dict[str, Any] | None,
+                            tools: list[Tool] | None) -> PromptInput:
+    """The typed prompt: token ids (earlier turns' exact ids spliced in) plus processed media items."""
+    chat = parse_messages(messages)
+    opts = state.media.options(mm_processor_kwargs)
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    render = state.preparer.renderer.render
+    kwargs = {"chat_template_kwargs": chat_template_kwargs, "tools": tool_dicts}
+
+    def template_ids() -> list[int]:
+        ids = render(chat.messages, add_generation_prompt=add_generation_prompt,
+                     continue_final_message=continue_final_message, **kwargs)
+        if chat.carried is None:
+            return ids
+        if bad := [t for t in chat.carried.token_ids if not 0 <= t < state.backend.vocab_size]:
+            raise ApiError(400, f"carried token ids outside the vocabulary: {bad[:5]}", param="messages")
+        prefix = render(chat.messages[:chat.carried.message_index + 1], add_generation_prompt=False, **kwargs)
+        return replace_prefix_tokens(state.preparer.tokenizer, chat.carried.token_ids, prefix, ids)
+
+    ids, items = await asyncio.gather(asyncio.to_thread(template_ids), state.media.resolve(chat.media, opts))
+    return PromptInput(token_ids=ids, images=[it for it in items if it.modality == "image"],
+                       videos=[it for it in items if it.modality == "video"])
+
+
+def _parse(state: ServerState, req: ChatCompletionRequest, text: str, final: bool) -> Parsed:
+    use_tools = bool(req.tools) and req.tool_choice != "none"
+    return state.parser.parse(text, final, use_tools) if state.parser.active else Parsed(text)
+
+
+def _finish(comp: CompletionOutput, parsed: Parsed) -> str | None:
+    return "tool_calls" if parsed.tool_calls and comp.finish_reason == "stop" else comp.finish_reason
+
+
+def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, comp: CompletionOutput) -> ChatChoice:
+    parsed = _parse(state, req, comp.text, True)
+    message = ChatMessageOut(
+        content=parsed.content if parsed.content or not parsed.tool_calls else None,
+        reasoning_content=parsed.reasoning_content,
+        tool_calls=[ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                    for c in parsed.tool_calls],
+        prompt_token_ids=list(out.prompt_token_ids), generation_token_ids=list(comp.token_ids),
+        generation_log_probs=list(comp.logprobs))
+    logprobs = None
+    if req.logprobs:
+        logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
+                                                        req.return_tokens_as_token_ids))
+    return ChatChoice(index=comp.index, message=message, logprobs=logprobs, finish_reason=_finish(comp, parsed),
+                      stop_reason=comp.stop_reason, token_ids=list(comp.token_ids) if req.return_token_ids else None)
+
+
+def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, rid: str,
+                  created: int, weight_version: int | None = None) -> ChatCompletionResponse:
+    return ChatCompletionResponse(
+        id=rid, created=created, model=state.config.model_name,
+        choices=[_choice(state, req, out, c) for c in out.outputs], usage=usage(out),
+        prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
+        prompt_logprobs=prompt_logprobs(state.preparer.tokenizer, out, req.return_tokens_as_token_ids)
+        if req.prompt_logprobs is not None else None,
+        weight_version=state.backend.weight_version if weight_version is None else weight_version)
+
+
+class _Sent:
+    """What one choice has streamed so far (its raw text only when a parser must see all of it)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.raw: list[str] = []
+        self.content = ""
+        self.reasoning = ""
+        self.done = False
+
+
+def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutput, sent: _Sent) -> ChatChunkChoice:
+    """A chunk choice from one DELTA output: its new text (through the reasoning/tool parsers when configured)."""
+    final = comp.finish_reason is not None
+    parsed = Parsed(comp.text)
+    content, reasoning = comp.text, ""
+    if state.parser.active:  # the parsers read the whole text: markup may span deltas
+        sent.raw.append(comp.text)
+        parsed = _parse(state, req, "".join(sent.raw), final)
+        content = parsed.content[len(sent.content):] if parsed.content.startswith(sent.content) else ""
+        reasoning_now = parsed.reasoning_content or ""
+        reasoning = reasoning_now[len(sent.reasoning):] if reasoning_now.startswith(sent.reasoning) else ""
+        sent.content += content
+        sent.reasoning += reasoning
+    logprobs = None
+    if req.logprobs:
+        logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
+                                                        req.return_tokens_as_token_ids))
+    sent.tokens += len(comp.token_ids)
+    calls = [ToolCallDelta(index=i, id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+             for i, c in enumerate(parsed.tool_calls)] if final and parsed.tool_calls else None
+    sent.done = final
+    return ChatChunkChoice(index=comp.index, delta=DeltaMessage(content=content or None, reasoning_content=reasoning
+                                                                or None, tool_calls=calls), logprobs=logprobs,
+                           finish_reason=_finish(comp, parsed) if final else None,
+                           stop_reason=comp.stop_reason if final else None,
+                           token_ids=list(comp.token_ids) if req.return_token_ids else None)
+
+
+async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
+                  created: int) -> AsyncIterator[str]:
+    def head(out: RequestOutput | None = None) -> dict:
+        return {"id": rid, "created": created, "model": state.config.model_name,
+                "weight_version": output_version(state, out)}
+
+    sent = [_Sent() for _ in range(req.n)]
+    for i in range(req.n):
+        yield sse(ChatCompletionChunk(**head(), choices=[
+            ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
+            prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None))
+
+    def event(_: int, out: RequestOutput) -> str | None:
+        choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
+                   if not sent[c.index].done and (c.token_ids or c.text or c.finish_reason)]
+        return sse(ChatCompletionChunk(**head(out), choices=choices)) if choices else None
+
+    def tail() -> str | None:
+        whole = gen.whole()
+        if whole is None or not whole.finished or req.stream_options is None or not req.stream_options.include_usage:
+            return None
+        return sse(ChatCompletionChunk(**head(whole), choices=[], usage=usage(whole)))
+
+    stream = gen.stream()
+
+    async def close() -> None:
+        await stream.aclose()
+        await gen.aclose()
+
+    async for text in sse_events(indexed(stream), event, close, tail):
+        yield text
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
+    check_tool_choice(req)
+    params = to_sampling_params(req, state.backend.vocab_size)
+    prompt = await build_chat_prompt(
+        state, req.messages, add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
+        mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools if req.tool_choice != "none" else None)
+    rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
+    created = int(time.time())
+    gen = Generation(state, prompt, params, rid, req.affinity_key, req.stream)
+    if req.stream:
+        await watch(gen.start(), request.is_disconnected)
+        return ClosingStreamingResponse(_chunks(state, req, gen, rid, created), media_type="text/event-stream")
+    out = await gen.final(request.is_disconnected)
+    return chat_response(state, req, out, rid, created, gen.weight_version)
