@@ -66,6 +66,24 @@ def find_pad_runs(token_ids: Sequence[int], ids: PlaceholderIds) -> list[PadRun]
     return sorted(runs, key=lambda r: r.start)
 
 
+def _check_run(token_ids: Sequence[int], ids: PlaceholderIds, run: PadRun, k: int, want: int,
+               preexpanded: bool) -> None:
+    """The k-th run of its modality must sit between vision start/end and have 1 (to expand) or `want` tokens."""
+    before = token_ids[run.start - 1] if run.start > 0 else None
+    end = run.start + run.length
+    after = token_ids[end] if end < len(token_ids) else None
+    if before != ids.vision_start_id or after != ids.vision_end_id:
+        raise PromptError(
+            f"{run.modality} placeholder at token {run.start} must sit between <|vision_start|> and "
+            f"<|vision_end|>")
+    if preexpanded and run.length != want:
+        raise PromptError(f"{run.modality} {k}: pre-expanded run has {run.length} tokens, expected {want} "
+                          f"(grid t*h*w/merge²)")
+    if not preexpanded and run.length not in (1, want):
+        raise PromptError(f"{run.modality} {k}: run of {run.length} pad tokens, expected 1 (to expand) or "
+                          f"{want} (already expanded)")
+
+
 def expand_placeholders(
     token_ids: Sequence[int],
     ids: PlaceholderIds,
@@ -96,22 +114,11 @@ def expand_placeholders(
     seen = {"image": 0, "video": 0}
     cursor = 0
     for run in runs:
-        before = token_ids[run.start - 1] if run.start > 0 else None
-        end = run.start + run.length
-        after = token_ids[end] if end < len(token_ids) else None
-        if before != ids.vision_start_id or after != ids.vision_end_id:
-            raise PromptError(
-                f"{run.modality} placeholder at token {run.start} must sit between <|vision_start|> and "
-                f"<|vision_end|>")
         k = seen[run.modality]
         seen[run.modality] += 1
         want = expected[run.modality][k]
-        if preexpanded and run.length != want:
-            raise PromptError(f"{run.modality} {k}: pre-expanded run has {run.length} tokens, expected {want} "
-                              f"(grid t*h*w/merge²)")
-        if not preexpanded and run.length not in (1, want):
-            raise PromptError(f"{run.modality} {k}: run of {run.length} pad tokens, expected 1 (to expand) or "
-                              f"{want} (already expanded)")
+        _check_run(token_ids, ids, run, k, want, preexpanded)
+        end = run.start + run.length
         out.extend(token_ids[cursor:run.start])
         ranges.append(PlaceholderRange(len(out), want, run.modality, hashes[run.modality][k], len(order)))
         order.append((run.modality, k))

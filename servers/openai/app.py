@@ -62,28 +62,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(err.status, err.message, err.param)
 
 
-def build_app(state: ServerState) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await state.aclose()
-
-    app = FastAPI(title="mm-infer", version=mm_infer.__version__, lifespan=lifespan)
-    app.state.server = state
-    _install_error_handlers(app)
-
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest, request: Request):
-        return await create_chat_completion(state, req, request)
-
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        return await create_completion(state, req, request)
-
-    @app.post("/v1/responses")
-    async def responses(req: ResponsesRequest, request: Request):
-        return await create_response(state, req, request)
-
+def _add_info_routes(app: FastAPI, state: ServerState) -> None:
+    """Models, tokenize / detokenize, health, version and metrics."""
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=state.config.model_name, created=state.created,
@@ -110,6 +90,30 @@ def build_app(state: ServerState) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(state.gauges()), media_type="text/plain; version=0.0.4")
 
+
+def build_app(state: ServerState) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await state.aclose()
+
+    app = FastAPI(title="mm-infer", version=mm_infer.__version__, lifespan=lifespan)
+    app.state.server = state
+    _install_error_handlers(app)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, request: Request):
+        return await create_chat_completion(state, req, request)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        return await create_completion(state, req, request)
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request):
+        return await create_response(state, req, request)
+
+    _add_info_routes(app, state)
     add_admin_routes(app, state)
     app.add_middleware(ServerMiddleware, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes,
                        metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes))
