@@ -117,7 +117,7 @@ class LLMEngine:
         p = seq.params
         seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
         seq.generator = torch.Generator(device="cpu").manual_seed(seed)
-        if p.detokenize and (p.output_kind is not RequestOutputKind.FINAL_ONLY or p.stop_list):
+        if p.stop_list or (p.detokenize and p.output_kind is not RequestOutputKind.FINAL_ONLY):
             seq.detok = IncrementalDetokenizer(self._decode, p.skip_special_tokens, seq.num_prompt_tokens)
         return seq
 

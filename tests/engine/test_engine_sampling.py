@@ -107,6 +107,9 @@ def test_stop_strings(llm):
     assert kept.text == full.text[:at + len(stop)]
     assert full.token_ids[:len(cut.token_ids)] == cut.token_ids and len(cut.logprobs) == len(cut.token_ids)
     assert one(llm, temperature=0.0, max_tokens=4, detokenize=False).outputs[0].text == ""
+    # catches: stop strings need the text even when the output carries none (detokenize=False)
+    silent = one(llm, temperature=0.0, max_tokens=16, stop=[stop], detokenize=False).outputs[0]
+    assert silent.token_ids == cut.token_ids and silent.finish_reason == "stop" and silent.text == ""
 
 
 def test_max_tokens_capped_by_context_length():
