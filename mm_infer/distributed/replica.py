@@ -6,6 +6,7 @@ import asyncio
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.prompt.request import VLMRequest
 
 
@@ -66,6 +67,8 @@ class EngineReplica:
         self.requests += 1
         if affinity_key is not None:
             self.requests_by_key[affinity_key] += 1
+        if params.output_kind is RequestOutputKind.DELTA:  # streams coalesce to the latest output: keep them whole
+            params = replace(params, output_kind=RequestOutputKind.CUMULATIVE)
         return self.async_engine.generate(request, params, request_id, stream)
 
     def _stamp(self, out: RequestOutput) -> RequestOutput:

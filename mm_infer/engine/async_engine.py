@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 class AsyncEngine:
-    """Thread-safe front: generate() yields a RequestOutput snapshot per step until finished."""
+    """Thread-safe front: generate() yields the request's outputs (per its output_kind) until finished."""
 
     def __init__(self, core: LLMEngine) -> None:
         self.core = core
