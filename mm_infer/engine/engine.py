@@ -115,8 +115,7 @@ class LLMEngine:
     def _new_sequence(self, group: SequenceGroup, index: int) -> Sequence:
         seq = Sequence(group, group.request.prompt_token_ids, index)
         p = seq.params
-        seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
-        seq.generator = torch.Generator(device="cpu").manual_seed(seed)
+        seq.seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
         if p.stop_list or (p.detokenize and p.output_kind is not RequestOutputKind.FINAL_ONLY):
             seq.detok = IncrementalDetokenizer(self._decode, p.skip_special_tokens, seq.num_prompt_tokens)
         return seq

@@ -1,4 +1,4 @@
-"""Sampler: logits processing (bias, masks, penalties, temperature, top-k/p, min-p), seeded draws, logprobs."""
+"""Sampler: batched logits processing and counter-based seeded draws on the logits' device, one readback per step."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mm_infer.engine.logits_processors import apply_penalties, apply_temperature, mask_tokens, truncate
+from mm_infer.engine.random_draws import uniforms
+from mm_infer.engine.sampling_batch import SamplingBatch
 from mm_infer.engine.sequence import Sequence
 
 
@@ -18,85 +21,83 @@ class SampleResult:
     top_logprobs: list[dict[int, float] | None]
 
 
-def _apply_penalties(row: Tensor, seq: Sequence) -> None:
-    """In place on row [V], vLLM semantics: repetition over prompt+output, presence/frequency over output."""
-    p = seq.params
-    vocab = row.shape[0]
-    if p.repetition_penalty != 1.0:
-        seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
-        seen[torch.tensor(seq.token_ids, device=row.device)] = True
-        row[seen] = torch.where(row[seen] > 0, row[seen] / p.repetition_penalty, row[seen] * p.repetition_penalty)
-    if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
-        counts = torch.bincount(torch.tensor(seq.output_token_ids, device=row.device), minlength=vocab)[:vocab]
-        row -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty * (counts > 0).to(row.dtype)
+@dataclass
+class SampledTokens:
+    """One step's samples, still on the device."""
+
+    batch: SamplingBatch
+    token_ids: Tensor  # [S] long
+    logprobs: Tensor  # [S] float32, per row's logprobs_mode
+    top_values: Tensor  # [S, K] float32, K = the largest `logprobs` asked for (0 columns if none)
+    top_ids: Tensor  # [S, K] long
+
+    def readback(self) -> SampleResult:
+        """The one host sync of a step: every number packed into one float64 tensor (exact for ids and float32)."""
+        s, k = self.top_values.shape
+        packed = torch.cat([self.token_ids.double(), self.logprobs.double(), self.top_ids.double().reshape(-1),
+                            self.top_values.double().reshape(-1)]).tolist()
+        ids, lps = [int(t) for t in packed[:s]], packed[s:2 * s]
+        top_ids, top_values = packed[2 * s:2 * s + s * k], packed[2 * s + s * k:]
+        tops: list[dict[int, float] | None] = []
+        for i, seq in enumerate(self.batch.seqs):
+            want = seq.params.logprobs or 0
+            row = slice(i * k, i * k + want)
+            tops.append({int(t): v for t, v in zip(top_ids[row], top_values[row], strict=True)} if want else None)
+        return SampleResult(ids, lps, tops)
 
 
-def _truncate(row: Tensor, top_k: int, top_p: float, min_p: float) -> None:
-    """In place on temperature-scaled row [V]: mask tokens outside top-k, the top-p nucleus, or below min-p."""
-    if top_k and top_k < row.shape[0]:
-        kth = torch.topk(row, top_k).values[-1]
-        row[row < kth] = float("-inf")
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix reaching top_p
-        row[order[drop]] = float("-inf")
-    if min_p > 0.0:
-        probs = torch.softmax(row, dim=-1)
-        row[probs < min_p * probs.max()] = float("-inf")
+def _draw(processed: Tensor, batch: SamplingBatch) -> Tensor:
+    """Inverse-CDF draw per sampled row from its (seed, step) uniform: [R] token ids."""
+    rows = batch.sampled_rows
+    cdf = torch.cumsum(processed[batch.index(rows)].exp(), dim=-1)  # [R, V], row-wise scan
+    u = uniforms(*batch.seeds_and_steps(rows))  # [R]
+    target = (1.0 - u)[:, None] * cdf[:, -1:]  # in (0, total]
+    return torch.searchsorted(cdf, target)[:, 0].clamp_(max=cdf.shape[1] - 1)
+
+
+def _logprob_source(raw: Tensor, processed: Tensor, batch: SamplingBatch) -> Tensor:
+    """[S, V] log-probs each row reports: raw, or processed for processed_logprobs rows."""
+    rows = batch.processed_rows
+    if not rows:
+        return raw
+    if len(rows) == raw.shape[0]:
+        return processed
+    out = raw.clone()
+    idx = batch.index(rows)
+    out[idx] = processed[idx]
+    return out
 
 
 class Sampler:
-    """One row per sequence; every random draw uses the sequence's own generator (batch-independent)."""
+    """Rows are independent: each draws from its own seed and its own token count, whatever the batch."""
 
     def __init__(self, never_sample: Seq[int], eos_ids: Seq[int]) -> None:
         self.never_sample = list(never_sample)
         self.eos_ids = list(eos_ids)
 
-    def _process(self, logits: Tensor, seqs: list[Sequence]) -> Tensor:
-        """Processed logits [S, V]: pad mask, logit_bias, min_tokens, penalties, temperature, truncation."""
-        x = logits.clone()
-        if self.never_sample:
-            x[:, self.never_sample] = float("-inf")
-        bias = [(i, tok, val) for i, s in enumerate(seqs) for tok, val in (s.params.logit_bias or {}).items()]
-        if bias:
-            rows, toks, vals = zip(*bias, strict=True)
-            x.index_put_((torch.tensor(rows), torch.tensor(toks)), torch.tensor(vals, dtype=x.dtype), accumulate=True)
-        blocked = [(i, tok) for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens
-                   for tok in [*(s.params.stop_token_ids or []), *([] if s.params.ignore_eos else self.eos_ids)]]
-        if blocked:
-            rows, toks = zip(*blocked, strict=True)
-            x[torch.tensor(rows), torch.tensor(toks)] = float("-inf")
-        for i, seq in enumerate(seqs):
-            p = seq.params
-            if p.has_penalties:
-                _apply_penalties(x[i], seq)
-            if not p.greedy:
-                x[i] /= p.temperature
-                if p.top_k or p.top_p < 1.0 or p.min_p > 0.0:
-                    _truncate(x[i], p.top_k, p.top_p, p.min_p)
-        return x
+    def process(self, logits: Tensor, batch: SamplingBatch) -> Tensor:
+        """Processed logits [S, V], written over `logits`: masks, bias, penalties, temperature, truncation."""
+        mask_tokens(logits, batch, self.never_sample, self.eos_ids)
+        apply_penalties(logits, batch)
+        apply_temperature(logits, batch)
+        truncate(logits, batch)
+        return logits
+
+    @torch.inference_mode()
+    def sample(self, logits: Tensor, seqs: list[Sequence]) -> SampledTokens:
+        """logits [S, V] float32, one row per sequence (consumed: processed in place). Nothing is read back."""
+        batch = SamplingBatch.build(seqs, logits.device)
+        raw = torch.log_softmax(logits, dim=-1)  # [S, V]
+        x = self.process(logits, batch)
+        need_processed = bool(batch.sampled_rows or batch.processed_rows)
+        processed = torch.log_softmax(x, dim=-1) if need_processed else raw  # [S, V]
+        tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
+        if batch.sampled_rows:
+            tokens[batch.index(batch.sampled_rows)] = _draw(processed, batch)
+        source = _logprob_source(raw, processed, batch)
+        picked = source.gather(1, tokens[:, None])[:, 0]  # [S]
+        top_values, top_ids = torch.topk(source, batch.max_top_logprobs, dim=-1)  # [S, K]
+        return SampledTokens(batch, tokens, picked, top_values, top_ids)
 
     def __call__(self, logits: Tensor, seqs: list[Sequence]) -> SampleResult:
-        """logits [S, V] float32, one row per sequence."""
-        raw = torch.log_softmax(logits, dim=-1)  # [S, V]
-        x = self._process(logits, seqs)
-        need_processed = [not s.params.greedy or s.params.logprobs_mode == "processed_logprobs" for s in seqs]
-        processed = torch.log_softmax(x, dim=-1) if any(need_processed) else raw  # [S, V]
-        tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
-        rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if rows:  # inverse-CDF draw: one uniform per row from that sequence's generator
-            cdf = torch.cumsum(processed[rows].exp(), dim=-1)  # [R, V], row-wise scan
-            u = torch.cat([torch.rand(1, generator=seqs[i].generator) for i in rows])  # [R]
-            target = (1.0 - u)[:, None] * cdf[:, -1:]  # in (0, total]
-            drawn = torch.searchsorted(cdf, target)[:, 0].clamp_(max=cdf.shape[1] - 1)
-            tokens[rows] = drawn
-        use_processed = torch.tensor([s.params.logprobs_mode == "processed_logprobs" for s in seqs])
-        source = torch.where(use_processed[:, None], processed, raw) if bool(use_processed.any()) else raw
-        picked = source.gather(1, tokens[:, None])[:, 0]  # [S]
-        result = SampleResult(tokens.tolist(), picked.tolist(), [None] * len(seqs))
-        for i, seq in enumerate(seqs):
-            if seq.params.logprobs:
-                values, idx = torch.topk(source[i], seq.params.logprobs)
-                result.top_logprobs[i] = dict(zip(idx.tolist(), values.tolist(), strict=True))
-        return result
+        return self.sample(logits, seqs).readback()

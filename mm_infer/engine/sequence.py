@@ -80,7 +80,7 @@ class Sequence:
         self.prompt_top_logprobs: list[dict[int, float] | None] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.generator: Any = None  # torch.Generator, set by the engine
+        self.seed = 0  # the stream of this sample's random draws (set by the engine: the request's seed + index)
         self.num_preemptions = 0
         self.detok: IncrementalDetokenizer | None = None  # set by the engine when text is wanted per step
         self.last_text_chars = 0  # characters the last token committed

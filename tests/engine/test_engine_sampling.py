@@ -24,7 +24,7 @@ def fake_seq(prompt, output, **kw) -> Sequence:
     g = SequenceGroup("x", SamplingParams(**kw), SimpleNamespace(placeholders=[], item_patches=[]))
     seq = Sequence(g, prompt)
     seq.token_ids += output
-    seq.generator = torch.Generator().manual_seed(0)
+    seq.seed = g.params.seed or 0
     return seq
 
 
