@@ -49,7 +49,8 @@ class LLMEngine:
         self.encoder_cache = EncoderCache(cache.encoder_cache_items, config.weight_version)
         self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
-        self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache)
+        self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache,
+                                  config.batch_invariant)
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = frozenset(special.eos_ids)

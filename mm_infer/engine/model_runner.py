@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -39,8 +40,11 @@ def _pad_rows(x: Tensor, rows: int) -> Tensor:
 class ModelRunner:
     """Holds the model, the KV cache and the encoder cache; turns scheduled chunks into logits."""
 
-    def __init__(self, model: QwenVLModel, num_kv_blocks: int, block_size: int, encoder_cache: EncoderCache) -> None:
+    def __init__(self, model: QwenVLModel, num_kv_blocks: int, block_size: int, encoder_cache: EncoderCache,
+                 batch_invariant: bool = False) -> None:
         self.model = model
+        self.batch_invariant = batch_invariant
+        self.min_rows = MIN_ROWS if batch_invariant else 0  # pad batches to this many rows
         text = model.config.text
         self.kv = KVCache.allocate(text.num_layers, num_kv_blocks, block_size, text.num_kv_heads, text.head_dim,
                                    model.dtype, model.device)
@@ -57,8 +61,9 @@ class ModelRunner:
     def encode_items(self, items: list[MediaItem]) -> dict[str, Tensor]:
         """Embeddings [tokens, D] of each distinct item, from the cache or the vision tower.
 
-        Items of >= MIN_ROWS tokens go through the tower together (every matmul then has >= MIN_ROWS rows,
-        where CPU GEMMs are row-invariant); smaller ones alone, so no item's numbers depend on its company.
+        All go through the tower together, except under batch_invariant: there items of >= MIN_ROWS tokens go
+        together (every matmul then has >= MIN_ROWS rows, where CPU GEMMs are row-invariant) and smaller ones
+        alone, so no item's numbers depend on its company.
         """
         found: dict[str, Tensor] = {}
         missing: dict[str, MediaItem] = {}
@@ -71,11 +76,12 @@ class ModelRunner:
             else:
                 found[item.content_hash] = emb
         merge2 = self.model.config.vision.spatial_merge_size ** 2
-        big = [it for it in missing.values() if it.pixel_values.shape[0] // merge2 >= MIN_ROWS]
+        alone = self.min_rows if self.batch_invariant else 0
+        big = [it for it in missing.values() if it.pixel_values.shape[0] // merge2 >= alone]
         batches = [big] if big else []
-        batches += [[it] for it in missing.values() if it.pixel_values.shape[0] // merge2 < MIN_ROWS]
+        batches += [[it] for it in missing.values() if it.pixel_values.shape[0] // merge2 < alone]
         for batch in batches:
-            grid = torch.tensor([it.grid_thw for it in batch], dtype=torch.long)  # [M, 3]
+            grid = [list(it.grid_thw) for it in batch]  # [M, 3] host ints
             pixels = torch.cat([it.pixel_values for it in batch]) if len(batch) > 1 else batch[0].pixel_values
             embs = self.model.encode_vision(pixels, grid)  # [sum tokens, D]
             for it, emb in zip(batch, embs.split([it.pixel_values.shape[0] // merge2 for it in batch]), strict=True):
@@ -84,8 +90,9 @@ class ModelRunner:
             self.encoder_calls += len(batch)
         return found
 
-    def _positions(self, req: VLMRequest, start: int, end: int) -> Tensor:
-        """[3, end-start] M-RoPE positions of sequence indices [start, end)."""
+    @staticmethod
+    def _positions(req: VLMRequest, start: int, end: int) -> Tensor:
+        """[3, end-start] M-RoPE positions of sequence indices [start, end) (host tensors)."""
         prompt_len = req.mrope_positions.shape[1]
         parts = []
         if start < prompt_len:
@@ -95,13 +102,13 @@ class ModelRunner:
             parts.append(decode_positions(lo, end - lo, req.mrope_delta))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
-    def _table_slots(self, chunks: list[ScheduledChunk], width: int | None = None) -> Tensor:
+    def _table_slots(self, chunks: list[ScheduledChunk], width: int | None = None) -> np.ndarray:
         """[len(chunks), blocks * block_size] slots of each chunk's first blocks (width tokens, or its context)."""
         bs = self.block_size
         nblk = -(-(width or max(c.end for c in chunks)) // bs)
         tables = [c.seq.block_table[:nblk] + [0] * (nblk - min(len(c.seq.block_table), nblk)) for c in chunks]
-        blocks = torch.tensor(tables, dtype=torch.long)  # [C, nblk]
-        return (blocks[:, :, None] * bs + torch.arange(bs)).reshape(len(chunks), -1)
+        blocks = np.asarray(tables, dtype=np.int64)  # [C, nblk]
+        return (blocks[:, :, None] * bs + np.arange(bs)).reshape(len(chunks), -1)
 
     def _decode_groups(self, chunks: list[ScheduledChunk], rows: list[int]) -> list[DecodeGroup]:
         buckets: dict[int, list[int]] = {}
@@ -111,38 +118,48 @@ class ModelRunner:
         for lpad, members in buckets.items():
             picked = [chunks[i] for i in members]
             slots = self._table_slots(picked, lpad)  # [G, Lpad]
-            pad = torch.arange(lpad)[None, :] >= torch.tensor([c.end for c in picked])[:, None]  # [G, Lpad]
-            groups.append(DecodeGroup(torch.tensor([rows[i] for i in members], device=self.device),
-                                      slots.masked_fill(pad, 0).reshape(-1).to(self.device), pad.to(self.device)))
+            pad = np.arange(lpad)[None, :] >= np.asarray([c.end for c in picked])[:, None]  # [G, Lpad]
+            slots[pad] = 0
+            groups.append(DecodeGroup(self._to_device([rows[i] for i in members]), self._to_device(slots.reshape(-1)),
+                                      self._to_device(pad)))
         return groups
 
-    def _context_slots(self, chunks: list[ScheduledChunk]) -> Tensor:
-        """Context slots of multi-token chunks back to back: [sum of their context lengths] long."""
+    def _context_slots(self, chunks: list[ScheduledChunk]) -> np.ndarray:
+        """Context slots of multi-token chunks back to back: [sum of their context lengths] int64."""
         if not chunks:
-            return torch.empty(0, dtype=torch.long)
+            return np.empty(0, dtype=np.int64)
         slots = self._table_slots(chunks)  # [C, W]
-        ctx = torch.tensor([c.end for c in chunks])
-        keep = torch.arange(slots.shape[1])[None, :] < ctx[:, None]  # [C, W]
-        return slots[keep]
+        return np.concatenate([row[:c.end] for row, c in zip(slots, chunks, strict=True)])
+
+    def _to_device(self, host: np.ndarray | list[int]) -> Tensor:
+        """Host metadata (numpy or a list of ints) as a device tensor: one host-to-device copy."""
+        return torch.from_numpy(np.ascontiguousarray(host, dtype=None if isinstance(host, np.ndarray) else np.int64)
+                                ).to(self.device, non_blocking=True)
+
+    def _slot_mapping(self, plan: BatchPlan, ctx_slots: np.ndarray) -> np.ndarray:
+        """[N] cache slot of each real token: decode rows from the plan, chunk rows from their context slots."""
+        slot_mapping = np.empty(len(plan.token_ids), dtype=np.int64)
+        slot_mapping[plan.single_rows] = plan.single_slots
+        for sp in plan.spans:
+            end = sp.ctx_start + sp.ctx_len
+            slot_mapping[sp.q_start:sp.q_start + sp.q_len] = ctx_slots[end - sp.q_len:end]
+        return slot_mapping
 
     def _inputs(self, plan: BatchPlan) -> tuple[Tensor, Tensor, PagedAttentionContext]:
         """Device tensors of a plan: input ids [Np], M-RoPE positions [3, Np] and the paged attention context."""
         ctx_slots = self._context_slots(plan.multi)
-        slot_mapping = torch.empty(len(plan.token_ids), dtype=torch.long)  # [N] cache slot of each token
-        slot_mapping[plan.single_rows] = torch.tensor(plan.single_slots, dtype=torch.long)
-        for sp in plan.spans:
-            slot_mapping[sp.q_start:sp.q_start + sp.q_len] = ctx_slots[sp.ctx_start + sp.ctx_len - sp.q_len:
-                                                                       sp.ctx_start + sp.ctx_len]
-        input_ids = _pad_rows(torch.tensor(plan.token_ids, dtype=torch.long), MIN_ROWS)  # [Np]
-        pos = torch.zeros(3, input_ids.shape[0], dtype=torch.long)  # [3, Np], padding rows at 0
+        rows = max(len(plan.token_ids), self.min_rows)  # padding rows (batch invariance) hold token 0
+        input_ids = np.zeros(rows, dtype=np.int64)
+        input_ids[:len(plan.token_ids)] = plan.token_ids
+        pos = torch.zeros(3, rows, dtype=torch.long)  # [3, Np], padding rows at 0
         for row, req, start, end in plan.prefill:
             pos[:, row:row + end - start] = self._positions(req, start, end)
         if plan.decode_rows:
             pos[:, plan.decode_rows] = torch.tensor(plan.decode_positions, dtype=torch.long)  # same on t, h, w
         groups = self._decode_groups(plan.singles, plan.single_rows)
-        attn = PagedAttentionContext(self.kv, slot_mapping.to(self.device), ctx_slots.to(self.device), plan.spans,
-                                     groups)
-        return input_ids.to(self.device), pos.to(self.device), attn
+        attn = PagedAttentionContext(self.kv, self._to_device(self._slot_mapping(plan, ctx_slots)),
+                                     self._to_device(ctx_slots), plan.spans, groups)
+        return self._to_device(input_ids), pos.to(self.device, non_blocking=True), attn
 
     def _embed(self, plan: BatchPlan, input_ids: Tensor) -> Tensor:
         """Token embeddings [Np, D] with each media slice's vision embeddings written over its pad rows."""
@@ -175,8 +192,8 @@ class ModelRunner:
         plan = BatchPlan.build(chunks, self.block_size)
         input_ids, positions, attn = self._inputs(plan)
         hidden = self.model.forward_hidden(self._embed(plan, input_ids), positions, attn)  # [Np, D]
-        rows = torch.tensor(plan.sample_rows + plan.score_rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(_pad_rows(hidden[rows], MIN_ROWS))[:rows.shape[0]]  # [R, V] float32
+        rows = self._to_device(plan.sample_rows + plan.score_rows)
+        logits = self.model.compute_logits(_pad_rows(hidden[rows], self.min_rows))[:rows.shape[0]]  # [R, V] float32
         out = StepOutput(plan.sample_chunks, logits[:len(plan.sample_rows)])
         self._score_prompt(plan, logits, out)
         return out

@@ -50,12 +50,16 @@ class QwenVLModel(nn.Module):
         """input_ids [N] -> [N, D]."""
         return self.language.embed_tokens(input_ids)
 
-    def encode_vision(self, pixel_values: Tensor, grid_thw: Tensor) -> Tensor:
-        """pixel_values [P, C*T*ph*pw], grid_thw [M, 3] -> [sum(t*h*w)/merge^2, D] (images or videos)."""
-        grid_thw = torch.as_tensor(grid_thw, dtype=torch.long).reshape(-1, 3)
-        if int(grid_thw.prod(-1).sum()) != pixel_values.shape[0]:
-            raise ValueError(f"grid_thw covers {int(grid_thw.prod(-1).sum())} patches, got {pixel_values.shape[0]}")
-        return self.visual(pixel_values.to(self.device, self.dtype), grid_thw.cpu())
+    def encode_vision(self, pixel_values: Tensor, grid_thw: Tensor | list) -> Tensor:
+        """pixel_values [P, C*T*ph*pw], grid_thw [M, 3] -> [sum(t*h*w)/merge^2, D] (images or videos).
+
+        The grid is host metadata: pass a list to keep a device tensor's grid from costing a host sync.
+        """
+        grid = grid_thw.reshape(-1, 3).tolist() if isinstance(grid_thw, Tensor) else [list(g) for g in grid_thw]
+        patches = sum(t * h * w for t, h, w in grid)
+        if patches != pixel_values.shape[0]:
+            raise ValueError(f"grid_thw covers {patches} patches, got {pixel_values.shape[0]}")
+        return self.visual(pixel_values.to(self.device, self.dtype), grid)
 
     def forward_hidden(self, inputs_embeds: Tensor, positions: Tensor, ctx: AttentionContext) -> Tensor:
         """inputs_embeds [N, D], positions [3, N] -> final-normed hidden states [N, D]."""

@@ -11,7 +11,7 @@ from mm_infer.models.layers import activation
 from mm_infer.models.vision_ops import cu_seqlens_from_grid, varlen_attention
 
 
-def vision_cos_sin(cfg: VisionConfig, grid_thw: Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
+def vision_cos_sin(cfg: VisionConfig, grid_thw: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
     """float32 cos, sin [P, head_dim] of the 2D vision rope, rows in the processor's merge-block order."""
     return K.vision_rope_cos_sin(grid_thw, cfg.head_dim, theta=cfg.rope_theta, merge_size=cfg.spatial_merge_size,
                                  device=device)
@@ -35,7 +35,7 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
         self.proj = nn.Linear(dim, dim, bias=True)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # [P, D]
+    def forward(self, x: Tensor, cu_seqlens: list[int], cos: Tensor, sin: Tensor) -> Tensor:  # [P, D]
         p = x.shape[0]
         q, k, v = self.qkv(x).reshape(p, 3, self.num_heads, -1).unbind(1)  # 3 x [P, H, d]
         q, k = K.vision_rope(q, k, cos, sin)  # Triton on CUDA, torch reference on CPU
@@ -62,7 +62,7 @@ class VisionBlock(nn.Module):
         self.norm1, self.norm2, self.mlp = norm1, norm2, mlp
         self.attn = VisionAttention(dim, num_heads)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cu_seqlens: list[int], cos: Tensor, sin: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x), cu_seqlens, cos, sin)
         return x + self.mlp(self.norm2(x))
 
@@ -82,7 +82,7 @@ class PatchMerger(nn.Module):
 
 
 class Qwen2VisionTower(nn.Module):
-    """pixel_values [P, patch_dim], grid_thw [M, 3] -> merged embeddings [P/merge^2, out_dim]."""
+    """pixel_values [P, patch_dim], grid_thw [M, 3] (host ints) -> merged embeddings [P/merge^2, out_dim]."""
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
@@ -101,7 +101,7 @@ class Qwen2VisionTower(nn.Module):
         )
         self.merger = PatchMerger(e, cfg.out_dim, cfg.spatial_merge_size, nn.LayerNorm(e, eps=1e-6))
 
-    def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tensor:
+    def forward(self, pixel_values: Tensor, grid_thw: list[list[int]]) -> Tensor:
         x = self.patch_embed(pixel_values)  # [P, E]
         cos, sin = vision_cos_sin(self.cfg, grid_thw, x.device)  # [P, d] float32
         cu_seqlens = cu_seqlens_from_grid(grid_thw)

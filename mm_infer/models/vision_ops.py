@@ -7,15 +7,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def cu_seqlens_from_grid(grid_thw: Tensor) -> Tensor:
-    """[F+1] int32 boundaries, one segment per frame (h*w patches each): no cross-item attention."""
-    seqlens = torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0])  # [F]
-    return F.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))
+def cu_seqlens_from_grid(grid: list[list[int]]) -> list[int]:
+    """[F+1] boundaries (host ints), one segment per frame (h*w patches each): no cross-item attention."""
+    bounds = [0]
+    for t, h, w in grid:
+        for _ in range(t):
+            bounds.append(bounds[-1] + h * w)
+    return bounds
 
 
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """Block-diagonal non-causal attention. q, k, v [P, H, d] -> [P, H, d]."""
-    bounds = cu_seqlens.tolist()
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, bounds: list[int]) -> Tensor:
+    """Block-diagonal non-causal attention over segments [bounds[i], bounds[i+1]). q, k, v [P, H, d] -> [P, H, d]."""
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):

@@ -10,7 +10,7 @@ from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parents[2]
 CKPT = ROOT / "assets" / "models" / "tiny-qwen2-vl"
-OPTIONS: dict[str, Any] = {"num_kv_blocks": 512, "max_model_len": 1024, "cpu_threads": 1}
+OPTIONS: dict[str, Any] = {"num_kv_blocks": 512, "max_model_len": 1024, "cpu_threads": 1, "batch_invariant": True}
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange"]
 
 

@@ -96,7 +96,7 @@ def test_qwen25_video_and_image_match_hf():
 @pytest.fixture(scope="module")
 def async_engine():
     threads = torch.get_num_threads()
-    engine = AsyncEngine(LLMEngine.from_options(str(CKPT), num_kv_blocks=256, cpu_threads=1))
+    engine = AsyncEngine(LLMEngine.from_options(str(CKPT), num_kv_blocks=256, cpu_threads=1, batch_invariant=True))
     yield engine
     engine.shutdown()
     torch.set_num_threads(threads)

@@ -16,7 +16,7 @@ from mm_infer.prompt.placeholders import PromptError
 @pytest.fixture(scope="module")
 def fresh() -> Iterator[callable]:
     threads = torch.get_num_threads()
-    yield lambda **kw: LLM(str(CKPT), cpu_threads=1, **kw)
+    yield lambda **kw: LLM(str(CKPT), cpu_threads=1, batch_invariant=True, **kw)
     torch.set_num_threads(threads)
 
 

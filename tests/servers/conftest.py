@@ -19,7 +19,7 @@ def server() -> Iterator[BackgroundServer]:
         model_dir=str(CKPT), port=free_port(), api_key=API_KEY, max_body_bytes=4 << 20,
         reasoning_parser="think", tool_parser="hermes",
         fetch=FetchConfig(allowed_media_paths=(MEDIA,), max_bytes=1 << 20),
-        engine_options={"num_kv_blocks": NUM_BLOCKS, "max_model_len": MAX_MODEL_LEN})
+        engine_options={"num_kv_blocks": NUM_BLOCKS, "max_model_len": MAX_MODEL_LEN, "batch_invariant": True})
     srv = BackgroundServer(config).start()
     yield srv
     assert srv.state.metrics.running == 0, "a request was never closed"
@@ -34,7 +34,7 @@ def client(server: BackgroundServer) -> openai.OpenAI:
 
 @pytest.fixture(scope="session")
 def llm() -> LLM:
-    return LLM(str(CKPT), num_kv_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
+    return LLM(str(CKPT), num_kv_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN, batch_invariant=True)
 
 
 @pytest.fixture(scope="session")
