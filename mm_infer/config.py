@@ -4,22 +4,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mm_infer.sizes import parse_size
+
+
+CPU_KV_CACHE_BYTES = 256 << 20  # the CPU pool when no size is given
+
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV cache and encoder cache sizing."""
+    """Paged KV cache and encoder cache sizing.
+
+    The KV pool is, in order of precedence: num_kv_blocks; kv_cache_memory_bytes (int or "4GiB"); on CUDA, what
+    gpu_memory_utilization of the device leaves after the weights, a profiled peak step and the encoder cache
+    (vLLM's meaning); on CPU, CPU_KV_CACHE_BYTES.
+    """
 
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None: derive from kv_cache_memory_bytes
-    kv_cache_memory_bytes: int = 256 << 20
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | str | None = None
+    gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
-    encoder_cache_items: int = 256  # vision embeddings kept (LRU)
+    encoder_cache_items: int = 256  # vision embeddings kept (LRU), bounded by count and by bytes
+    encoder_cache_bytes: int | str = 512 << 20
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory_bytes is not None:
+            object.__setattr__(self, "kv_cache_memory_bytes", parse_size(self.kv_cache_memory_bytes))
+        object.__setattr__(self, "encoder_cache_bytes", parse_size(self.encoder_cache_bytes))
 
 
 @dataclass(frozen=True)

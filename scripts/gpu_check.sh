@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
-# GPU check for kernels/: the kernel tests on CUDA (no interpreter), then the kernel benchmark.
-# Writes logs under $OUT when set (else ./out/gpu_check). A few minutes on an H100/H200.
+# GPU check: the kernel tests on CUDA (no interpreter), the kernel benchmark, then the engine check
+# (scripts/gpu_engine_check.py: CPU/CUDA parity, seeded groups, sampler and 7B-shaped decode timings).
+# Usage: bash scripts/gpu_check.sh [OUTDIR]   (default $OUT/gpu_check, else ./out/gpu_check)
+# Exits non-zero at once without CUDA. Timeouts (s): CUDA probe 20, env 10+15, tests 160, bench 80, engine 180
+# (+2 s kill grace each): at most 473 s in all.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-DEST=${OUT:-out}/gpu_check
-mkdir -p "$DEST"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DEST=${1:-${OUT:-out}/gpu_check}
+mkdir -p "$DEST" && DEST=$(cd "$DEST" && pwd) || { echo "gpu_check: cannot create $DEST" >&2; exit 2; }
+cd "$ROOT"
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 unset TRITON_INTERPRET MM_INFER_KERNELS
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available())"
+if ! timeout -k 2 20 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "gpu_check: CUDA is not available to $PY; nothing run" | tee "$DEST/summary.txt" >&2
+  exit 3
+fi
+
+{ timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+  timeout 15 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.get_device_name())"
 } 2>&1 | tee "$DEST/env.txt"
 
-timeout 420 "$PY" -m pytest -q tests/kernels -p no:cacheprovider --junitxml="$DEST/tests.xml" 2>&1 | tee "$DEST/tests.txt"
+timeout -k 2 160 "$PY" -m pytest -q tests/kernels -p no:cacheprovider --junitxml="$DEST/tests.xml" 2>&1 | tee "$DEST/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
-timeout 300 "$PY" scripts/bench_kernels.py --json "$DEST/bench.json" 2>&1 | tee "$DEST/bench.txt"
+timeout -k 2 80 "$PY" scripts/bench_kernels.py --json "$DEST/bench.json" 2>&1 | tee "$DEST/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 
-echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc (logs in $DEST)" | tee "$DEST/summary.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+# the engine check skips its remaining decode sizes after --budget seconds, well inside its timeout
+timeout -k 2 180 "$PY" scripts/gpu_engine_check.py --budget 150 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
+engine_rc=${PIPESTATUS[0]}
+
+echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc engine rc=$engine_rc (logs in $DEST)" | tee "$DEST/summary.txt"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$engine_rc" -eq 0 ]

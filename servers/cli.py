@@ -13,10 +13,20 @@ from servers.openai.config import FetchConfig, MediaCaps, ServerConfig
 from servers.openai.launch import serve
 
 
+ENGINE_FLAGS = ("dtype", "max_model_len", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "seed",
+                "kv_cache_memory_bytes", "gpu_memory_utilization", "device")
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, object]:
+    """The engine options the serve flags set (unset flags leave the engine's defaults)."""
+    engine: dict[str, object] = {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+    if args.batch_invariant:
+        engine["batch_invariant"] = True
+    return engine
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    engine = {k: v for k, v in (("dtype", args.dtype), ("max_model_len", args.max_model_len),
-                                ("num_kv_blocks", args.num_kv_blocks), ("max_num_seqs", args.max_num_seqs),
-                                ("seed", args.seed)) if v is not None}
+    engine = engine_options(args)
     config = ServerConfig(
         model_dir=args.model, served_model_name=args.served_model_name, host=args.host, port=args.port,
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, reasoning_parser=args.reasoning_parser,
@@ -46,6 +56,14 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--max-model-len", type=int, default=None)
     srv.add_argument("--num-kv-blocks", type=int, default=None)
     srv.add_argument("--max-num-seqs", type=int, default=None)
+    srv.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one engine step")
+    srv.add_argument("--kv-cache-memory-bytes", default=None, help="KV pool size, e.g. 4GiB (default: on CUDA from "
+                     "--gpu-memory-utilization, on CPU 256MiB)")
+    srv.add_argument("--gpu-memory-utilization", type=float, default=None,
+                     help="fraction of the GPU this engine may use, KV pool included (default 0.9)")
+    srv.add_argument("--batch-invariant", action="store_true",
+                     help="a request's tokens and logprobs identical alone or in any batch (slower on CPU)")
+    srv.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
     srv.add_argument("--max-pixels", type=int, default=None, help="image max_pixels cap (default: checkpoint)")
     srv.add_argument("--video-max-pixels", type=int, default=None)
     srv.add_argument("--max-video-frames", type=int, default=768)

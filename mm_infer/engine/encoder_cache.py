@@ -15,15 +15,22 @@ class EncoderCacheStats:
     evictions: int = 0
 
 
-class EncoderCache:
-    """At most max_items embeddings; a weight update bumps the version so stale entries never hit."""
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
 
-    def __init__(self, max_items: int, weight_version: int = 0) -> None:
+
+class EncoderCache:
+    """At most max_items embeddings and max_bytes of them; a weight update bumps the version so stale entries
+    never hit. An item larger than max_bytes on its own is not kept."""
+
+    def __init__(self, max_items: int, weight_version: int = 0, max_bytes: int | None = None) -> None:
         if max_items < 1:
             raise ValueError(f"encoder cache needs room for at least one item, got {max_items}")
         self.max_items = max_items
+        self.max_bytes = max_bytes
         self.weight_version = weight_version
         self._entries: OrderedDict[tuple[str, int], Tensor] = OrderedDict()
+        self.bytes = 0  # held by the entries
         self.stats = EncoderCacheStats()
 
     def __len__(self) -> int:
@@ -44,16 +51,23 @@ class EncoderCache:
 
     def put(self, content_hash: str, embeddings: Tensor) -> None:
         """embeddings [tokens, D] for one item."""
-        self._entries[(content_hash, self.weight_version)] = embeddings
-        self._entries.move_to_end((content_hash, self.weight_version))
-        while len(self._entries) > self.max_items:
-            self._entries.popitem(last=False)
+        size = _nbytes(embeddings)
+        if self.max_bytes is not None and size > self.max_bytes:
+            return
+        key = (content_hash, self.weight_version)
+        old = self._entries.pop(key, None)
+        self.bytes += size - (0 if old is None else _nbytes(old))
+        self._entries[key] = embeddings
+        while len(self._entries) > self.max_items or (self.max_bytes is not None and self.bytes > self.max_bytes):
+            _, evicted = self._entries.popitem(last=False)
+            self.bytes -= _nbytes(evicted)
             self.stats.evictions += 1
 
     def clear(self) -> None:
         self._entries.clear()
+        self.bytes = 0
 
     def set_weight_version(self, version: int) -> None:
         """New weights: drop everything computed with the old ones."""
         self.weight_version = version
-        self._entries.clear()
+        self.clear()

@@ -16,7 +16,8 @@ from mm_infer.engine.detokenizer import IncrementalDetokenizer
 from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.model_runner import ModelRunner, StepOutput
 from mm_infer.engine.outputs import RequestOutput, make_output
-from mm_infer.engine.runtime import build_runtime, pick_device, resolve_dtype
+from mm_infer.engine.memory_profile import cuda_kv_budget
+from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
 from mm_infer.engine.sampler import Sampler
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
@@ -44,9 +45,10 @@ class LLMEngine:
         self.preparer = PromptPreparer(model_dir, config.media, tokenizer, mcfg)
         self.tokenizer = self.preparer.tokenizer
         cache = config.cache
-        self.runtime = build_runtime(config, mcfg, self.preparer.placeholder_ids,
-                                     ModelRunner.kv_bytes_per_block(self.model, cache.block_size))
-        self.encoder_cache = EncoderCache(cache.encoder_cache_items, config.weight_version)
+        per_block = ModelRunner.kv_bytes_per_block(self.model, cache.block_size)
+        num_blocks = kv_pool_blocks(config, device, per_block, lambda: cuda_kv_budget(self.model, config, per_block))
+        self.runtime = build_runtime(config, mcfg, self.preparer.placeholder_ids, num_blocks, per_block)
+        self.encoder_cache = EncoderCache(cache.encoder_cache_items, config.weight_version, cache.encoder_cache_bytes)
         self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
         self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache,

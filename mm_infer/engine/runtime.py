@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from mm_infer.config import EngineConfig, EngineRuntime, SpecialTokens
+from mm_infer.config import CPU_KV_CACHE_BYTES, EngineConfig, EngineRuntime, SpecialTokens
 from mm_infer.models.config import ModelConfig
 from mm_infer.prompt.placeholders import PlaceholderIds
+from mm_infer.sizes import format_size
+
+log = logging.getLogger(__name__)
 
 
 def pick_device(device: str) -> torch.device:
-    return torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    """The engine's device, with an index on CUDA ("cuda" -> "cuda:<current>"), so every tensor names one device."""
+    dev = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -21,7 +30,11 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    names = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16}
+    if dtype not in names:
+        raise ValueError(f"dtype must be auto or one of {sorted(names)}, got {dtype!r}")
+    return names[dtype]
 
 
 def _max_positions(model_dir: Path) -> int:
@@ -39,15 +52,50 @@ def _eos_ids(model_dir: Path, config_eos: int | tuple[int, ...] | None) -> tuple
     return tuple(dict.fromkeys(int(i) for i in ids))
 
 
-def build_runtime(config: EngineConfig, mcfg: ModelConfig, ids: PlaceholderIds, kv_bytes_per_block: int
-                  ) -> EngineRuntime:
-    """KV blocks from the configured count or byte budget; the context length never exceeds what the pool holds."""
-    model_dir = Path(config.model_dir)
+def kv_pool_blocks(config: EngineConfig, device: torch.device, bytes_per_block: int,
+                   cuda_budget: Callable[[], int]) -> int:
+    """Blocks of the KV pool: the explicit count, the explicit bytes, the profiled CUDA budget or the CPU default."""
     cache = config.cache
+    if cache.num_kv_blocks:
+        return cache.num_kv_blocks
+    if cache.kv_cache_memory_bytes is not None:
+        budget = int(cache.kv_cache_memory_bytes)
+    elif device.type == "cuda":
+        budget = cuda_budget()
+    else:
+        budget = CPU_KV_CACHE_BYTES
+    return max(budget // bytes_per_block, 1)
+
+
+def context_length(config: EngineConfig, model_max: int, num_blocks: int, bytes_per_block: int) -> int:
+    """max_model_len: the asked length (an error if the pool or the model cannot hold it), else the model's,
+    lowered (and said so) when the pool holds less."""
+    block_size = config.cache.block_size
+    pool = num_blocks * block_size
+    asked = config.scheduler.max_model_len
+    if asked is not None:
+        if asked > model_max:
+            raise ValueError(f"max_model_len {asked} exceeds the model's max_position_embeddings {model_max}")
+        if asked > pool:
+            need = -(-asked // block_size)
+            raise ValueError(f"max_model_len {asked} needs {need} KV blocks ({format_size(need * bytes_per_block)}) "
+                             f"for one sequence; the pool has {num_blocks} ({format_size(num_blocks * bytes_per_block)}"
+                             "). Raise kv_cache_memory_bytes / gpu_memory_utilization or lower max_model_len")
+        return asked
+    if model_max > pool:
+        log.warning("max_model_len lowered from the model's %d to %d tokens: the KV pool holds %d blocks of %d "
+                    "(%s). Raise kv_cache_memory_bytes / gpu_memory_utilization for longer contexts",
+                    model_max, pool, num_blocks, block_size, format_size(num_blocks * bytes_per_block))
+        return pool
+    return model_max
+
+
+def build_runtime(config: EngineConfig, mcfg: ModelConfig, ids: PlaceholderIds, num_blocks: int,
+                  bytes_per_block: int) -> EngineRuntime:
+    """Start-up facts; one sequence of max_model_len always fits the pool, or preemption could never make room."""
+    model_dir = Path(config.model_dir)
     special = SpecialTokens(ids.image_pad_id, ids.video_pad_id, ids.vision_start_id, ids.vision_end_id,
                             eos_ids=_eos_ids(model_dir, mcfg.eos_token_id))
-    num_blocks = cache.num_kv_blocks or max(cache.kv_cache_memory_bytes // kv_bytes_per_block, 1)
-    # one sequence must always fit the pool, or preemption could never make room for it
-    max_len = min(config.scheduler.max_model_len or _max_positions(model_dir), num_blocks * cache.block_size)
-    return EngineRuntime(num_blocks, cache.block_size, max_len, mcfg.text.vocab_size,
+    max_len = context_length(config, _max_positions(model_dir), num_blocks, bytes_per_block)
+    return EngineRuntime(num_blocks, config.cache.block_size, max_len, mcfg.text.vocab_size,
                          mcfg.vision.spatial_merge_size, special)

@@ -8,7 +8,8 @@ import httpx
 from serve_process import start_serve, stop_serve
 from server_cases import CKPT
 
-from servers.cli import build_parser
+from mm_infer.config import EngineConfig
+from servers.cli import build_parser, engine_options
 from servers.openai.launch import free_port
 
 
@@ -18,6 +19,15 @@ def test_serve_arguments_parse():
                                       "--tool-parser", "hermes"])
     assert (args.port, args.api_key, args.allowed_media_path, args.max_model_len) == (9, "k", ["/a", "/b"], 512)
     assert build_parser().parse_args(["generate", str(CKPT)]).command == "generate"
+
+
+def test_engine_flags_reach_the_engine_config():
+    args = build_parser().parse_args(["serve", str(CKPT), "--kv-cache-memory-bytes", "2GiB", "--batch-invariant",
+                                      "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "1024"])
+    config = EngineConfig.from_options(str(CKPT), **engine_options(args))
+    assert (config.cache.kv_cache_memory_bytes, config.cache.gpu_memory_utilization) == (2 * 2**30, 0.5)
+    assert config.batch_invariant and config.scheduler.max_num_batched_tokens == 1024
+    assert engine_options(build_parser().parse_args(["serve", str(CKPT)])) == {}
 
 
 def test_serve_subprocess_answers_and_stops():
