@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from mm_infer.models.attention import AttentionContext
 from mm_infer.models.config import TextConfig
-from mm_infer.models.layers import GatedMLP, RMSNorm, apply_rotary, mrope_cos_sin, rope_inv_freq
+from mm_infer.models.layers import FusedLinear, GatedMLP, RMSNorm, apply_rotary, mrope_cos_sin, rope_inv_freq
 
 
 class SelfAttention(nn.Module):
@@ -15,16 +15,16 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=True)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=True)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=True)
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = FusedLinear(cfg.hidden_size, (q, kv, kv), bias=True)  # HF's q_proj, k_proj, v_proj
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext) -> Tensor:  # [N, D]
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # [N, Hq, d]
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, d]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, d]
+        q, k, v = self.qkv_proj.forward_parts(x)
+        q = q.reshape(n, self.num_heads, self.head_dim)  # [N, Hq, d]
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, d]
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, d]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = ctx.attend(self.layer_idx, q, k, v)  # [N, Hq, d]
         return self.o_proj(out.reshape(n, -1))

@@ -41,18 +41,36 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+class FusedLinear(nn.Linear):
+    """Several projections of one input as one GEMM: output rows are the parts' rows back to back.
+
+    The checkpoint keeps the parts as separate tensors (q/k/v, gate/up); the loader writes each into its rows.
+    """
+
+    def __init__(self, dim: int, part_sizes: tuple[int, ...], bias: bool) -> None:
+        super().__init__(dim, sum(part_sizes), bias=bias)
+        self.part_sizes = part_sizes
+
+    def part_rows(self, part: int) -> tuple[int, int]:
+        """(first row, row count) of part `part`."""
+        return sum(self.part_sizes[:part]), self.part_sizes[part]
+
+    def forward_parts(self, x: Tensor) -> tuple[Tensor, ...]:  # [N, D] -> one [N, size] view per part
+        return self(x).split(list(self.part_sizes), dim=-1)
+
+
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)); SwiGLU when act is silu."""
+    """down(act(gate(x)) * up(x)); SwiGLU when act is silu. gate and up run as one fused GEMM."""
 
     def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.gate_up_proj = FusedLinear(dim, (hidden, hidden), bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         self.act = activation(act)
 
     def forward(self, x: Tensor) -> Tensor:  # [N, D] -> [N, D]
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj.forward_parts(x)  # [N, H] each
+        return self.down_proj(self.act(gate) * up)
 
 
 def rope_inv_freq(theta: float, dim: int) -> Tensor:

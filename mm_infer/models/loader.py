@@ -16,8 +16,45 @@ from mm_infer.models.qwen2_vl import QwenVLModel
 PATCH_EMBED = "visual.patch_embed.weight"
 
 
+# HF projection name -> (our fused module, part index)
+FUSED_PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def hf_target(name: str) -> tuple[str, int | None] | None:
+    """HF tensor name -> (our parameter name, part of a fused parameter or None); None for tensors we drop."""
+    internal = _hf_name(name)
+    if internal is None:
+        return None
+    module_path, _, leaf = internal.rpartition(".")
+    parent, _, module = module_path.rpartition(".")
+    if module in FUSED_PARTS:
+        fused, part = FUSED_PARTS[module]
+        return f"{parent}.{fused}.{leaf}", part
+    return internal, None
+
+
 def hf_to_internal(name: str) -> str | None:
-    """Map an HF tensor name (either layout) to our parameter name; None for tensors we drop."""
+    """Map an HF tensor name (either layout) to our parameter name (fused for q/k/v and gate/up); None: dropped."""
+    target = hf_target(name)
+    return None if target is None else target[0]
+
+
+def target_view(model: torch.nn.Module, params: Mapping[str, Tensor], name: str, part: int | None) -> Tensor:
+    """The parameter, or the rows of one part of a fused parameter, that a checkpoint tensor fills."""
+    param = params[name]
+    if part is None:
+        return param
+    start, rows = model.get_submodule(name.rpartition(".")[0]).part_rows(part)
+    return param.narrow(0, start, rows)
+
+
+def _fused_complete(model: torch.nn.Module, parts: dict[str, set[int]]) -> set[str]:
+    return {name for name, got in parts.items()
+            if len(got) == len(model.get_submodule(name.rpartition(".")[0]).part_sizes)}
+
+
+def _hf_name(name: str) -> str | None:
     if name.startswith("model.visual."):
         name = name[len("model.") :]
     elif name.startswith("model.language_model."):
@@ -42,25 +79,47 @@ def load_state_dict_into(
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     params = dict(model.named_parameters())
     filled: set[str] = set()
+    parts: dict[str, set[int]] = {}  # fused parameters: the parts filled so far
     with torch.no_grad():
         for hf_name, tensor in items:
-            name = hf_to_internal(hf_name)
-            if name is None or (name == "lm_head.weight" and model.lm_head is None):
+            target = hf_target(hf_name)
+            if target is None or (target[0] == "lm_head.weight" and model.lm_head is None):
                 continue
+            name, part = target
             if name not in params:
                 raise UnexpectedTensorError(f"checkpoint tensor {hf_name!r} maps to no parameter ({name!r})")
-            param = params[name]
+            view = target_view(model, params, name, part)
             if name == PATCH_EMBED:
                 tensor = tensor.reshape(tensor.shape[0], -1)  # Conv3d [D, C, T, ph, pw] -> [D, C*T*ph*pw]
-            if tuple(tensor.shape) != tuple(param.shape):
+            if tuple(tensor.shape) != tuple(view.shape):
                 raise ShapeMismatchError(
-                    f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                    f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(view.shape)}"
                 )
-            param.copy_(tensor.to(device=param.device, dtype=param.dtype))
-            filled.add(name)
-    if strict and (missing := sorted(set(params) - filled)):
+            view.copy_(tensor)  # one copy, converting dtype and device on the way
+            if part is None:
+                filled.add(name)
+            else:
+                parts.setdefault(name, set()).add(part)
+    filled |= _fused_complete(model, parts)
+    if strict and (missing := _missing_names(model, set(params) - filled, parts)):
         raise MissingTensorError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. {missing[:5]}")
     return filled
+
+
+def _missing_names(model: torch.nn.Module, unfilled: set[str], parts: dict[str, set[int]]) -> list[str]:
+    """Unfilled parameters by the names a checkpoint would use: fused ones as their missing parts."""
+    by_part = {(fused, part): hf for hf, (fused, part) in FUSED_PARTS.items()}
+    names = []
+    for name in sorted(unfilled):
+        module_path, _, leaf = name.rpartition(".")
+        parent, _, module = module_path.rpartition(".")
+        sizes = getattr(model.get_submodule(module_path), "part_sizes", None)
+        if sizes is None:
+            names.append(name)
+            continue
+        got = parts.get(name, set())
+        names += [f"{parent}.{by_part[(module, i)]}.{leaf}" for i in range(len(sizes)) if i not in got]
+    return names
 
 
 def iter_safetensors(model_dir: str | Path) -> Iterable[tuple[str, Tensor]]:

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from mm_infer.models.loader import PATCH_EMBED, hf_to_internal
+from mm_infer.models.loader import PATCH_EMBED, hf_target, target_view
 
 Bucket = list[tuple[str, Tensor]]
 
@@ -52,13 +52,14 @@ def plan_refit(model_dir: str | Path, model: torch.nn.Module) -> list[TensorEntr
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():
-                name = hf_to_internal(key)
-                if name is None or (name == "lm_head.weight" and tied):
+                target = hf_target(key)
+                if target is None or (target[0] == "lm_head.weight" and tied):
                     continue
+                name, part = target
                 if name not in params:
                     raise WeightFileError(f"{path.name}: tensor {key!r} maps to no parameter of this model")
                 shape = tuple(f.get_slice(key).get_shape())
-                want = tuple(params[name].shape)
+                want = tuple(target_view(model, params, name, part).shape)
                 if shape != want and not (name == PATCH_EMBED and prod(shape) == prod(want)):
                     raise WeightFileError(f"{path.name}: tensor {key!r} has shape {shape}, the model wants {want}")
                 entries.append(TensorEntry(key, path, prod(shape) * params[name].element_size()))

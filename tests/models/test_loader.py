@@ -149,3 +149,25 @@ def test_unsupported_config_is_named(tmp_path, field, value, message):
     ck = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ck", config_edit=lambda c: c.update({field: value}))
     with pytest.raises(UnsupportedConfigError, match=message):
         load_model(ck)
+
+
+def test_fused_projections_refit_by_hf_name_touch_only_their_rows(kind, ours):
+    # catches: a part written at the wrong offset of qkv_proj / gate_up_proj, or over its neighbours
+    model, _ = ours
+    tensors = load_file(str(CHECKPOINTS[kind] / "model.safetensors"))
+    params = dict(model.named_parameters())
+    q_name = next(n for n in tensors if n.endswith("layers.0.self_attn.k_proj.weight"))
+    up_name = next(n for n in tensors if n.endswith("layers.1.mlp.up_proj.weight"))
+    qkv, gate_up = params[hf_to_internal(q_name)], params[hf_to_internal(up_name)]
+    before_qkv, before_gate_up = qkv.clone(), gate_up.clone()
+    q_rows, k_rows = tensors[q_name.replace("k_proj", "q_proj")].shape[0], tensors[q_name].shape[0]
+    hidden = tensors[up_name].shape[0]
+    try:
+        load_state_dict_into(model, [(q_name, torch.full_like(tensors[q_name], 7.0)),
+                                     (up_name, torch.full_like(tensors[up_name], -3.0))])
+        assert torch.equal(qkv[:q_rows], before_qkv[:q_rows]) and (qkv[q_rows:q_rows + k_rows] == 7.0).all()
+        assert torch.equal(qkv[q_rows + k_rows:], before_qkv[q_rows + k_rows:])
+        assert torch.equal(gate_up[:hidden], before_gate_up[:hidden]) and (gate_up[hidden:] == -3.0).all()
+    finally:
+        load_state_dict_into(model, tensors, strict=True)
+    assert torch.equal(qkv, before_qkv) and torch.equal(gate_up, before_gate_up)
