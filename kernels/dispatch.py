@@ -17,6 +17,7 @@ import torch
 from kernels import _triton
 from kernels import fused_patch_embed as _pe
 from kernels import fused_patchify as _pf
+from kernels import paged_decode as _pd
 from kernels import patch_merge as _pm
 from kernels import vision_rope as _vr
 from kernels._frames import CLIP, QWEN2_VL, Layout, Normalize, Offsets, PatchGeometry, Sizes, single_item
@@ -32,7 +33,7 @@ ENV = "MM_INFER_KERNELS"
 __all__ = ["CLIP", "QWEN2_VL", "Normalize", "PatchGeometry", "Layout", "Backend", "select_backend", "pack_frames",
            "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
            "patch_embed_rows", "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge",
-           "merge_units", "interpreting"]
+           "merge_units", "interpreting", "paged_decode"]
 
 
 def select_backend(*tensors: torch.Tensor) -> Backend:
@@ -129,3 +130,11 @@ def patch_merge(x: torch.Tensor, grid_thw: torch.Tensor | list, *, merge_size: i
     if select_backend(x) == "triton":
         return _pm.patch_merge_triton(x, grid_thw, merge_size=merge_size, inverse=inverse)
     return _pm.patch_merge_reference(x, grid_thw, merge_size=merge_size, inverse=inverse)
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                 lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Decode attention q [B, Hq, D] over each sequence's cache blocks (caches [Hkv, slots, D]) -> [B, Hq, D]."""
+    if select_backend(q, k_cache, v_cache) == "triton":
+        return _pd.paged_decode_triton(q, k_cache, v_cache, tables, lens, block_size)
+    return _pd.paged_decode_reference(q, k_cache, v_cache, tables, lens, block_size)

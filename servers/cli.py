@@ -20,8 +20,9 @@ ENGINE_FLAGS = ("dtype", "max_model_len", "num_kv_blocks", "max_num_seqs", "max_
 def engine_options(args: argparse.Namespace) -> dict[str, object]:
     """The engine options the serve flags set (unset flags leave the engine's defaults)."""
     engine: dict[str, object] = {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
-    if args.batch_invariant:
-        engine["batch_invariant"] = True
+    for flag in ("batch_invariant", "enforce_eager"):
+        if getattr(args, flag):
+            engine[flag] = True
     return engine
 
 
@@ -63,6 +64,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                      help="fraction of the GPU this engine may use, KV pool included (default 0.9)")
     srv.add_argument("--batch-invariant", action="store_true",
                      help="a request's tokens and logprobs identical alone or in any batch (slower on CPU)")
+    srv.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     srv.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N")
     srv.add_argument("--max-pixels", type=int, default=None, help="image max_pixels cap (default: checkpoint)")
     srv.add_argument("--video-max-pixels", type=int, default=None)

@@ -14,7 +14,7 @@ from mm_infer.config import EngineConfig
 from mm_infer.engine.block_manager import BlockManager
 from mm_infer.engine.detokenizer import IncrementalDetokenizer
 from mm_infer.engine.encoder_cache import EncoderCache
-from mm_infer.engine.model_runner import ModelRunner, StepOutput
+from mm_infer.engine.model_runner import ModelRunner, StaticDecode, StepOutput
 from mm_infer.engine.outputs import RequestOutput, make_output
 from mm_infer.engine.memory_profile import cuda_kv_budget
 from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
@@ -52,13 +52,20 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
         self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache,
-                                  config.batch_invariant)
+                                  config.batch_invariant, self._static_decode(config, device))
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = frozenset(special.eos_ids)
         self.groups: dict[str, SequenceGroup] = {}
         self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
+
+    def _static_decode(self, config: EngineConfig, device: torch.device) -> StaticDecode | None:
+        """Static decode everywhere but under CPU batch invariance (whose length buckets keep rows independent)."""
+        if config.batch_invariant and device.type != "cuda":
+            return None
+        return StaticDecode(self.runtime.max_model_len, config.scheduler.max_num_seqs,
+                            capture=device.type == "cuda" and not config.enforce_eager)
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from mm_infer.engine.batch_plan import BatchPlan
+from mm_infer.engine.decode_graphs import DecodeGraphs
 from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext
 from mm_infer.engine.scheduler import ScheduledChunk
@@ -18,6 +19,15 @@ from mm_infer.prompt.request import MediaItem, VLMRequest
 
 # CPU GEMMs give row-invariant results only from this many rows up; pad smaller batches to it.
 MIN_ROWS = 16
+
+
+@dataclass(frozen=True)
+class StaticDecode:
+    """Pure decode steps over static buffers (decode_graphs.py); captured as CUDA graphs when capture is set."""
+
+    max_model_len: int
+    max_num_seqs: int
+    capture: bool
 
 
 @dataclass
@@ -41,13 +51,17 @@ class ModelRunner:
     """Holds the model, the KV cache and the encoder cache; turns scheduled chunks into logits."""
 
     def __init__(self, model: QwenVLModel, num_kv_blocks: int, block_size: int, encoder_cache: EncoderCache,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, static_decode: StaticDecode | None = None) -> None:
         self.model = model
         self.batch_invariant = batch_invariant
         self.min_rows = MIN_ROWS if batch_invariant else 0  # pad batches to this many rows
         text = model.config.text
-        self.kv = KVCache.allocate(text.num_layers, num_kv_blocks, block_size, text.num_kv_heads, text.head_dim,
-                                   model.dtype, model.device)
+        # one more block than the block manager hands out: the scratch block of static decode's padding rows
+        self.kv = KVCache.allocate(text.num_layers, num_kv_blocks + 1, block_size, text.num_kv_heads,
+                                   text.head_dim, model.dtype, model.device)
+        self.graphs = None if static_decode is None else DecodeGraphs(
+            model, self.kv, num_kv_blocks, -(-static_decode.max_model_len // block_size), static_decode.max_num_seqs,
+            static_decode.capture)
         self.block_size = block_size
         self.encoder_cache = encoder_cache
         self.encoder_calls = 0  # media items run through the vision tower
@@ -188,8 +202,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> StepOutput:
-        """One forward over the scheduled chunks: plan, tensors, embeddings, LM, logits of the rows that need them."""
+        """One forward over the scheduled chunks: plan, tensors, embeddings, LM, logits of the rows that need them.
+
+        Pure decode steps take the static path (CUDA graphs on CUDA) when the runner has one."""
         plan = BatchPlan.build(chunks, self.block_size)
+        if self.graphs is not None and DecodeGraphs.accepts(plan, self.graphs.sizes[-1]):
+            return StepOutput(plan.sample_chunks, self.graphs.run(plan))
         input_ids, positions, attn = self._inputs(plan)
         hidden = self.model.forward_hidden(self._embed(plan, input_ids), positions, attn)  # [Np, D]
         rows = self._to_device(plan.sample_rows + plan.score_rows)

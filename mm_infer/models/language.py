@@ -54,13 +54,16 @@ class TextModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.inv_freq = rope_inv_freq(cfg.rope_theta, cfg.head_dim)  # float32, deliberately not a buffer
+        self._inv_freq_on: dict[torch.device, Tensor] = {}  # copies per device: no host copy inside a CUDA graph
 
     def forward(self, inputs_embeds: Tensor, positions: Tensor, ctx: AttentionContext) -> Tensor:
         """inputs_embeds [N, D], positions [3, N] -> final-normed hidden [N, D]."""
         if positions.dim() != 2 or positions.shape != (3, inputs_embeds.shape[0]):
             n = inputs_embeds.shape[0]
             raise ValueError(f"positions must be [3, {n}], got {tuple(positions.shape)}")
-        inv_freq = self.inv_freq.to(positions.device)
+        inv_freq = self._inv_freq_on.get(positions.device)
+        if inv_freq is None:
+            inv_freq = self._inv_freq_on[positions.device] = self.inv_freq.to(positions.device)
         cos, sin = mrope_cos_sin(positions, inv_freq, self.cfg.mrope_section, inputs_embeds.dtype)  # [N, d]
         x = inputs_embeds
         for layer in self.layers:

@@ -8,6 +8,7 @@ to the sampler's readback mixes no devices and syncs nothing before it.
 One gap of the CPU-only build is bridged here: Python indexing (`x[i]`, `x[:, None]`, `x[i] = v`) takes a CUDA
 device guard that this build lacks. `CudaIndexing` runs those on `meta` twins for their shapes instead, and is
 stricter than CUDA itself: a CPU index tensor or a CPU value written into a cuda tensor (an implicit copy) raises.
+Explicit host-to-device copies (`.to(device)`, `cuda_buffer.copy_(host)`) are how inputs are staged: allowed.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class CudaIndexing(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in HOST_READS and args[0].device.type == "cuda":
             raise HostSyncError(f"{func.__name__}() read a {tuple(args[0].shape)} cuda tensor on the host")
+        if func is torch.Tensor.copy_ and args[0].device.type == "cuda":  # its binding takes a device guard too
+            _meta(args[0]).copy_(_meta(args[1]))  # from the host: an explicit, staged input copy (allowed)
+            return args[0]
         is_item = func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
         if not (is_item and args[0].device.type == "cuda"):
             return func(*args, **(kwargs or {}))
@@ -132,6 +136,6 @@ def fake_cuda_engine(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options
     monkeypatch.setattr(engine_module, "load_model", _load_on_fake_cuda(mode))
     monkeypatch.setattr(SampledTokens, "readback", lambda self: readbacks(self))
     with on_device():
-        engine = LLMEngine.from_options(str(model_dir), device="cuda:0", dtype="float32",
+        engine = LLMEngine.from_options(str(model_dir), device="cuda:0", dtype="float32", enforce_eager=True,
                                         **{"num_kv_blocks": 64, **options})
     yield engine, on_device, readbacks

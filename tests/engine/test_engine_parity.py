@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from engine_cases import MIXED, case, expand, hf_greedy, hf_teacher_forced
+from engine_cases import CKPT, MIXED, case, expand, hf_greedy, hf_teacher_forced
 
-from mm_infer import SamplingParams
+from mm_infer import LLM, SamplingParams
 
 MAX_NEW = 12
 
 
-@pytest.fixture(scope="module")
-def mixed_run(llm):
+@pytest.fixture(scope="module", params=["batch_invariant", "static_decode"])
+def mixed_run(request, llm):
+    """Both decode paths: the length-bucketed one (batch_invariant) and the static-buffer one (the default)."""
+    if request.param == "static_decode":
+        llm = LLM(str(CKPT), num_kv_blocks=2048, max_num_batched_tokens=4096, cpu_threads=1)
     prompts = [case(parts, seed) for seed, parts in enumerate(MIXED)]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW), use_tqdm=False)
+    graphs = llm.engine.runner.graphs
+    assert (graphs is not None and len(graphs.buffers) > 0) == (request.param == "static_decode")
     return prompts, outs
 
 

@@ -35,6 +35,7 @@ def run_on_fake_cuda(model_dir, monkeypatch, steps: int = 3):
                 engine.add_request(f"r{i}", req, SamplingParams(max_tokens=8, ignore_eos=True, **kw))
             for _ in range(steps):
                 engine.step()
+        readbacks.static_buckets = sorted(engine.runner.graphs.buffers)  # decode steps took the static path
     return readbacks
 
 
@@ -43,7 +44,7 @@ def test_prefill_vision_decode_and_sampling_stay_on_the_device(model_dir, monkey
     # catches: any cpu tensor meeting a cuda one (the CPU torch.Generator of every sampled row, CPU index tensors,
     # positions or slots left on the host) and any host read of device data before the readback
     readbacks = run_on_fake_cuda(model_dir, monkeypatch)
-    assert len(readbacks.seen) == 3
+    assert len(readbacks.seen) == 3 and readbacks.static_buckets == [8]  # 5 rows padded to the bucket of 8
     first = readbacks.seen[0]
     assert len(first.batch.seqs) == len(PROMPTS)  # every request's whole prompt fits the first step
     for sampled in readbacks.seen:

@@ -23,10 +23,11 @@ def test_serve_arguments_parse():
 
 def test_engine_flags_reach_the_engine_config():
     args = build_parser().parse_args(["serve", str(CKPT), "--kv-cache-memory-bytes", "2GiB", "--batch-invariant",
-                                      "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "1024"])
+                                      "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "1024",
+                                      "--enforce-eager"])
     config = EngineConfig.from_options(str(CKPT), **engine_options(args))
     assert (config.cache.kv_cache_memory_bytes, config.cache.gpu_memory_utilization) == (2 * 2**30, 0.5)
-    assert config.batch_invariant and config.scheduler.max_num_batched_tokens == 1024
+    assert config.batch_invariant and config.enforce_eager and config.scheduler.max_num_batched_tokens == 1024
     assert engine_options(build_parser().parse_args(["serve", str(CKPT)])) == {}
 
 

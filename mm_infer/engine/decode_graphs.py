@@ -1,0 +1,147 @@
+"""Decode steps over static buffers: one fixed-shape forward per batch-size bucket, captured as a CUDA graph on CUDA.
+
+A pure decode step (every chunk one generated token, no media, no prompt scoring) is padded to the next bucket
+size; its ids, positions, cache slots, block tables and lengths are copied into that bucket's device buffers, and
+the bucket's forward (LM + logits) runs: replayed from a CUDA graph when captured, eagerly otherwise (CPU,
+`enforce_eager`, or a capture that failed). Padding rows write to a scratch cache block no sequence owns and
+attend to it alone, so they never touch real KV.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kernels import dispatch as K
+from mm_infer.engine.batch_plan import BatchPlan
+from mm_infer.engine.paged_attention import KVCache
+from mm_infer.models.qwen2_vl import QwenVLModel
+
+log = logging.getLogger(__name__)
+
+
+def bucket_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, 32, ... (steps of 8) up to and including max_num_seqs."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
+    sizes += list(range(16, max_num_seqs, 8))
+    return sorted({*sizes, max_num_seqs})
+
+
+@dataclass
+class DecodeBuffers:
+    """Device inputs and output of one bucket of `size` rows."""
+
+    ids: Tensor  # [B] long
+    positions: Tensor  # [3, B] long
+    slots: Tensor  # [B] long, where each row's new K/V goes
+    tables: Tensor  # [B, max_blocks] int32
+    lens: Tensor  # [B] int32, context length including the new token
+    logits: Tensor | None = None  # [B, V] float32, written by the forward
+
+    @staticmethod
+    def allocate(size: int, max_blocks: int, device: torch.device) -> DecodeBuffers:
+        return DecodeBuffers(torch.zeros(size, dtype=torch.long, device=device),
+                             torch.zeros(3, size, dtype=torch.long, device=device),
+                             torch.zeros(size, dtype=torch.long, device=device),
+                             torch.zeros(size, max_blocks, dtype=torch.int32, device=device),
+                             torch.ones(size, dtype=torch.int32, device=device))
+
+
+class StaticDecodeContext:
+    """AttentionContext of a static decode batch: write every row's K/V, then paged decode attention."""
+
+    def __init__(self, cache: KVCache, buffers: DecodeBuffers) -> None:
+        self.cache, self.buffers = cache, buffers
+
+    def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # q [B, Hq, d], k/v [B, Hkv, d]
+        k_layer, v_layer = self.cache.k[layer_idx], self.cache.v[layer_idx]  # [Hkv, S, d]
+        k_layer.index_copy_(1, self.buffers.slots, k.transpose(0, 1))
+        v_layer.index_copy_(1, self.buffers.slots, v.transpose(0, 1))
+        return K.paged_decode(q, k_layer, v_layer, self.buffers.tables, self.buffers.lens, self.cache.block_size)
+
+
+class DecodeGraphs:
+    """Bucketed static decode forwards; CUDA graphs captured lazily, one per bucket, on first use."""
+
+    def __init__(self, model: QwenVLModel, kv: KVCache, scratch_block: int, max_blocks: int, max_num_seqs: int,
+                 capture: bool) -> None:
+        self.model, self.kv = model, kv
+        self.scratch_block, self.max_blocks = scratch_block, max_blocks
+        self.sizes = bucket_sizes(max_num_seqs)
+        self.capture = capture and model.device.type == "cuda"
+        self.buffers: dict[int, DecodeBuffers] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}  # None: capture failed, run eagerly
+        self.pool = None
+
+    @staticmethod
+    def accepts(plan: BatchPlan, max_rows: int) -> bool:
+        """A pure decode step: every chunk one generated token that samples, nothing else."""
+        n = len(plan.chunks)
+        return (0 < n <= max_rows and len(plan.decode_rows) == n and not plan.media and not plan.scoring
+                and len(plan.sample_rows) == n)
+
+    def run(self, plan: BatchPlan) -> Tensor:
+        """Logits [n, V] float32 of a pure decode plan (see accepts)."""
+        n = len(plan.chunks)
+        size = next(s for s in self.sizes if s >= n)
+        buf = self.buffers.get(size) or self.buffers.setdefault(
+            size, DecodeBuffers.allocate(size, self.max_blocks, self.model.device))
+        self._fill(buf, plan, size)
+        if not self.capture:
+            self._forward(buf)
+        else:
+            graph = self.graphs[size] if size in self.graphs else self._capture(size, buf)
+            if graph is None:
+                self._forward(buf)
+            else:
+                graph.replay()
+        return buf.logits[:n]
+
+    def _fill(self, buf: DecodeBuffers, plan: BatchPlan, size: int) -> None:
+        """Host arrays of the plan (padding rows: token 0 at position 0, the scratch slot), one copy each."""
+        n, bs = len(plan.chunks), self.kv.block_size
+        ids = np.zeros(size, dtype=np.int64)
+        ids[:n] = plan.token_ids
+        pos = np.zeros(size, dtype=np.int64)
+        pos[:n] = plan.decode_positions
+        slots = np.full(size, self.scratch_block * bs, dtype=np.int64)
+        slots[:n] = plan.single_slots
+        tables = np.full((size, self.max_blocks), self.scratch_block, dtype=np.int32)
+        lens = np.ones(size, dtype=np.int32)
+        for i, chunk in enumerate(plan.chunks):
+            table = chunk.seq.block_table[:self.max_blocks]
+            tables[i, :len(table)] = table
+            lens[i] = chunk.end
+        for dst, src in ((buf.ids, ids), (buf.positions, np.broadcast_to(pos, (3, size))), (buf.slots, slots),
+                         (buf.tables, tables), (buf.lens, lens)):
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(src)), non_blocking=True)
+
+    @torch.inference_mode()
+    def _forward(self, buf: DecodeBuffers) -> None:
+        embeds = self.model.embed_tokens(buf.ids)  # [B, D]
+        hidden = self.model.forward_hidden(embeds, buf.positions, StaticDecodeContext(self.kv, buf))
+        logits = self.model.compute_logits(hidden)  # [B, V] float32
+        if buf.logits is None:
+            buf.logits = logits
+        else:
+            buf.logits.copy_(logits)
+
+    def _capture(self, size: int, buf: DecodeBuffers) -> torch.cuda.CUDAGraph | None:
+        """Warm up (compiles kernels, allocates the output), then capture; on failure warn and stay eager."""
+        try:
+            self._forward(buf)
+            torch.cuda.synchronize(self.model.device)
+            self.pool = self.pool or torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._forward(buf)
+            self.graphs[size] = graph
+        except Exception as exc:  # a capture failure must not stop serving: run this bucket eagerly
+            log.warning("CUDA graph capture of decode bucket %d failed (%s: %s); running it eagerly", size,
+                        type(exc).__name__, exc)
+            self.graphs[size] = None
+        return self.graphs[size]
