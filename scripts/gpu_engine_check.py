@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -18,40 +17,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from gpu_check_common import Report, median_ms, say  # noqa: E402
+from gpu_decode_check import decode_bench  # noqa: E402
 
 MODELS = [REPO / "assets" / "models" / "tiny-qwen2-vl", REPO / "assets" / "models" / "tiny-qwen2.5-vl"]
 IMAGE = str(REPO / "assets" / "media" / "shapes" / "colour_example.png")
-HBM_PEAK = 4.8e12  # H200 HBM3e, bytes/s
-BLOCK = 16
-Report = dict[str, Any]
-
-
-def say(name: str, value: object) -> None:
-    print(f"{name}: {value}", flush=True)
-
-
-def median_ms(fn: Callable[..., object], device: str, setup: Callable[[], object] | None = None,
-              events: bool = False, warmup: int = 3, iters: int = 10) -> float:
-    """Median ms of fn(setup()) (setup untimed), synchronised around each call; CUDA events when `events`."""
-    cuda = device.startswith("cuda")
-    events &= cuda
-    times = []
-    for i in range(warmup + iters):
-        args = () if setup is None else (setup(),)
-        if cuda:
-            torch.cuda.synchronize()
-        if events:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        fn(*args)
-        if events:
-            end.record()
-        if cuda:
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end) if events else (time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def prompts() -> list[dict[str, Any]]:
@@ -151,122 +123,6 @@ def sampler_bench(device: str, quick: bool) -> Report:
         out[name] = ms
         say(f"sampler {rows}x{vocab} {name}", f"{ms:.2f} ms/step")
     return out
-
-
-def lm_config(quick: bool) -> Any:
-    """A Qwen2-VL-7B-shaped config (quick: 512 wide, 2 layers, vocab 4096)."""
-    from mm_infer.models.config import parse_config
-
-    text = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                intermediate_size=18944, vocab_size=152064)
-    vision = dict(depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4, hidden_size=3584)
-    if quick:
-        text |= dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-                     intermediate_size=1024, vocab_size=4096)
-        vision |= dict(depth=1, embed_dim=64, num_heads=4, hidden_size=512)
-    return parse_config(dict(
-        architectures=["Qwen2VLForConditionalGeneration"], model_type="qwen2_vl", tie_word_embeddings=False,
-        hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False,
-        rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24] if not quick else [8, 12, 12]},
-        eos_token_id=151645, vision_config=dict(vision, in_channels=3, hidden_act="quick_gelu", patch_size=14,
-                                                spatial_merge_size=2, temporal_patch_size=2), **text))
-
-
-def random_model(quick: bool, device: str, dtype: torch.dtype) -> Any:
-    """QwenVLModel built on meta, materialised on `device`, filled with N(0, 0.02) (norm weights 1)."""
-    from mm_infer.models.loader import materialize
-    from mm_infer.models.qwen2_vl import QwenVLModel
-
-    with torch.device("meta"):
-        model = QwenVLModel(lm_config(quick))
-    materialize(model, dtype, device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    return model.requires_grad_(False).eval()
-
-
-def copy_bandwidth(device: str, quick: bool) -> float:
-    """Achievable device-to-device copy bytes/s (read + write) on a large tensor."""
-    src = torch.empty((64 if quick else 4096) << 20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), device, events=True)
-    return 2 * src.numel() / (ms / 1e3)
-
-
-def decode_inputs(model: Any, batch: int, ctx: int) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
-    """KV cache + one decode step of `batch` sequences at context `ctx` (new token included), contiguous tables."""
-    from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext
-
-    text, dev = model.config.text, model.device
-    lpad = DecodeGroup.bucket(ctx, BLOCK)
-    kv = KVCache.allocate(text.num_layers, batch * lpad // BLOCK, BLOCK, text.num_kv_heads, text.head_dim,
-                          model.dtype, dev)
-    slots = torch.arange(batch * lpad, device=dev).view(batch, lpad)  # seq i owns blocks [i*nblk, (i+1)*nblk)
-    pad = (torch.arange(lpad, device=dev) >= ctx)[None, :].expand(batch, lpad).contiguous()
-    grp = DecodeGroup(torch.arange(batch, device=dev), slots.masked_fill(pad, 0).reshape(-1), pad)
-    attn = PagedAttentionContext(kv, slots[:, ctx - 1].contiguous(), torch.empty(0, dtype=torch.long, device=dev),
-                                 [], [grp])
-    ids = torch.randint(0, text.vocab_size, (batch,), device=dev)
-    positions = torch.full((3, batch), ctx - 1, dtype=torch.long, device=dev)
-    return kv, ids, positions, attn
-
-
-def time_step(model: Any, device: str, batch: int, ctx: int) -> float:
-    """Median ms of one eager decode step (embed, LM through paged attention, logits): CUDA events on CUDA."""
-    kv, ids, positions, attn = decode_inputs(model, batch, ctx)
-
-    def step() -> torch.Tensor:
-        with torch.inference_mode():
-            return model.compute_logits(model.forward_hidden(model.embed_tokens(ids), positions, attn))
-
-    return median_ms(step, device, events=True)
-
-
-def decode_row(model: Any, device: str, batch: int, ctx: int, weight_bytes: int, bw: float) -> Report:
-    """One (batch, context) size: eager ms per step, HBM floors (4.8 TB/s and measured copy bandwidth), ratios."""
-    text = model.config.text
-    read = weight_bytes + batch * ctx * 2 * text.num_layers * text.num_kv_heads * text.head_dim * model.dtype.itemsize
-    row: Report = {"batch": batch, "ctx": ctx, "bytes_read": read}
-    try:
-        ms = time_step(model, device, batch, ctx)
-        floor, floor_bw = read / HBM_PEAK * 1e3, read / bw * 1e3
-        row |= {"eager_ms": ms, "floor_ms": floor, "floor_copy_bw_ms": floor_bw, "ratio": ms / floor,
-                "ratio_copy_bw": ms / floor_bw}
-        msg = (f"{ms:.2f} ms/step, floor {floor:.2f} ms (4.8 TB/s) / {floor_bw:.2f} ms (copy bw), "
-               f"ratio {ms / floor:.1f}x / {ms / floor_bw:.1f}x")
-    except torch.cuda.OutOfMemoryError:
-        row["skipped"] = msg = "oom"
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    say(f"decode eager b={batch} ctx={ctx}", msg)
-    return row
-
-
-def decode_bench(device: str, quick: bool, deadline: float) -> Report:
-    """7B-shaped random LM: eager decode ms per step vs the HBM floor (weights + KV read once per step)."""
-    model = random_model(quick, device, torch.float32 if device == "cpu" else torch.bfloat16)
-    text = model.config.text
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                       if not n.startswith(("visual.", "language.embed_tokens")))  # embedding: only N rows read
-    bw = copy_bandwidth(device, quick)
-    say("decode model", f"{text.num_layers} layers, hidden {text.hidden_size}, {model.dtype}, "
-                        f"{weight_bytes / 1e9:.2f} GB weights read/step, copy bandwidth {bw / 1e9:.0f} GB/s")
-    rows = []
-    for ctx in ((128, 256) if quick else (1024, 2048)):
-        for batch in ((1, 4) if quick else (1, 16, 64, 256)):
-            if time.monotonic() > deadline:
-                rows.append({"batch": batch, "ctx": ctx, "skipped": "time budget"})
-                say(f"decode eager b={batch} ctx={ctx}", "skipped (time budget)")
-            else:
-                rows.append(decode_row(model, device, batch, ctx, weight_bytes, bw))
-    say("decode graphed", "not implemented (enforce_eager only)")
-    return {"ok": any("eager_ms" in r for r in rows), "weight_bytes": weight_bytes, "copy_bw_Bps": bw,
-            "graphed": "not implemented", "steps": rows}
 
 
 def run_section(name: str, fn: Callable[[], Report], report: Report, json_path: Path | None,
