@@ -52,16 +52,20 @@ class DecodeBuffers:
 
 
 class StaticDecodeContext:
-    """AttentionContext of a static decode batch: write every row's K/V, then paged decode attention."""
+    """AttentionContext of a static decode batch: write every row's K/V, then paged decode attention.
 
-    def __init__(self, cache: KVCache, buffers: DecodeBuffers) -> None:
-        self.cache, self.buffers = cache, buffers
+    `tables` is the buffers' table or its first columns: the torch reference gathers every column it is given,
+    so uncaptured steps pass only the blocks the longest row needs (the Triton kernel reads each row's own).
+    """
+
+    def __init__(self, cache: KVCache, buffers: DecodeBuffers, tables: Tensor) -> None:
+        self.cache, self.buffers, self.tables = cache, buffers, tables
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # q [B, Hq, d], k/v [B, Hkv, d]
         k_layer, v_layer = self.cache.k[layer_idx], self.cache.v[layer_idx]  # [Hkv, S, d]
         k_layer.index_copy_(1, self.buffers.slots, k.transpose(0, 1))
         v_layer.index_copy_(1, self.buffers.slots, v.transpose(0, 1))
-        return K.paged_decode(q, k_layer, v_layer, self.buffers.tables, self.buffers.lens, self.cache.block_size)
+        return K.paged_decode(q, k_layer, v_layer, self.tables, self.buffers.lens, self.cache.block_size)
 
 
 class DecodeGraphs:
@@ -90,19 +94,19 @@ class DecodeGraphs:
         size = next(s for s in self.sizes if s >= n)
         buf = self.buffers.get(size) or self.buffers.setdefault(
             size, DecodeBuffers.allocate(size, self.max_blocks, self.model.device))
-        self._fill(buf, plan, size)
-        if not self.capture:
-            self._forward(buf)
-        else:
+        width = self._fill(buf, plan, size)
+        graph = None
+        if self.capture:
             graph = self.graphs[size] if size in self.graphs else self._capture(size, buf)
-            if graph is None:
-                self._forward(buf)
-            else:
-                graph.replay()
+        if graph is None:
+            self._forward(buf, width)
+        else:
+            graph.replay()
         return buf.logits[:n]
 
-    def _fill(self, buf: DecodeBuffers, plan: BatchPlan, size: int) -> None:
-        """Host arrays of the plan (padding rows: token 0 at position 0, the scratch slot), one copy each."""
+    def _fill(self, buf: DecodeBuffers, plan: BatchPlan, size: int) -> int:
+        """Host arrays of the plan (padding rows: token 0 at position 0, the scratch slot), one copy each;
+        returns the number of table columns the longest row needs."""
         n, bs = len(plan.chunks), self.kv.block_size
         ids = np.zeros(size, dtype=np.int64)
         ids[:n] = plan.token_ids
@@ -119,11 +123,14 @@ class DecodeGraphs:
         for dst, src in ((buf.ids, ids), (buf.positions, np.broadcast_to(pos, (3, size))), (buf.slots, slots),
                          (buf.tables, tables), (buf.lens, lens)):
             dst.copy_(torch.from_numpy(np.ascontiguousarray(src)), non_blocking=True)
+        return min(-(-int(lens.max()) // bs), self.max_blocks)
 
     @torch.inference_mode()
-    def _forward(self, buf: DecodeBuffers) -> None:
+    def _forward(self, buf: DecodeBuffers, width: int | None = None) -> None:
+        """The bucket's LM + logits; `width` table columns (None: all, as captured graphs do)."""
+        tables = buf.tables if width is None else buf.tables[:, :width]
         embeds = self.model.embed_tokens(buf.ids)  # [B, D]
-        hidden = self.model.forward_hidden(embeds, buf.positions, StaticDecodeContext(self.kv, buf))
+        hidden = self.model.forward_hidden(embeds, buf.positions, StaticDecodeContext(self.kv, buf, tables))
         logits = self.model.compute_logits(hidden)  # [B, V] float32
         if buf.logits is None:
             buf.logits = logits

@@ -69,12 +69,15 @@ def _hf_name(name: str) -> str | None:
 
 
 def load_state_dict_into(
-    model: QwenVLModel, named_tensors: Iterable[tuple[str, Tensor]] | Mapping[str, Tensor], *, strict: bool = False
+    model: QwenVLModel, named_tensors: Iterable[tuple[str, Tensor]] | Mapping[str, Tensor], *, strict: bool = False,
+    adopt: bool = False,
 ) -> set[str]:
     """Copy HF-named tensors into model parameters in place (dtype/device converted); returns names filled.
 
     strict=True additionally requires every parameter to be filled. Unknown names always raise, except
-    lm_head.weight on a tied model (some tied checkpoints still store it).
+    lm_head.weight on a tied model (some tied checkpoints still store it). adopt=True (loading from memory-mapped
+    files) makes a whole parameter share a tensor already of its dtype, device and shape instead of copying it:
+    the file's pages are then read on first use, and a later in-place refit writes private copies of them.
     """
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     params = dict(model.named_parameters())
@@ -95,7 +98,10 @@ def load_state_dict_into(
                 raise ShapeMismatchError(
                     f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(view.shape)}"
                 )
-            view.copy_(tensor)  # one copy, converting dtype and device on the way
+            if adopt and part is None and _adoptable(tensor, view):
+                view.data = tensor
+            else:
+                view.copy_(tensor)  # one copy, converting dtype and device on the way
             if part is None:
                 filled.add(name)
             else:
@@ -104,6 +110,11 @@ def load_state_dict_into(
     if strict and (missing := _missing_names(model, set(params) - filled, parts)):
         raise MissingTensorError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. {missing[:5]}")
     return filled
+
+
+def _adoptable(tensor: Tensor, param: Tensor) -> bool:
+    return (tensor.dtype == param.dtype and tensor.device == param.device and tensor.shape == param.shape
+            and tensor.is_contiguous())
 
 
 def _missing_names(model: torch.nn.Module, unfilled: set[str], parts: dict[str, set[int]]) -> list[str]:
@@ -150,6 +161,6 @@ def load_model(
     with torch.device("meta"):
         model = QwenVLModel(config)  # no allocation, no random init
     materialize(model, dtype, device)
-    load_state_dict_into(model, iter_safetensors(model_dir), strict=True)
+    load_state_dict_into(model, iter_safetensors(model_dir), strict=True, adopt=True)
     model.requires_grad_(False).eval()
     return model, config
