@@ -21,6 +21,7 @@ from mm_infer.models import (
     load_model,
     load_state_dict_into,
 )
+from mm_infer.models.loader import iter_safetensors
 
 
 def copy_checkpoint(src: Path, dst: Path, edit=None, config_edit=None) -> Path:
@@ -171,3 +172,16 @@ def test_fused_projections_refit_by_hf_name_touch_only_their_rows(kind, ours):
     finally:
         load_state_dict_into(model, tensors, strict=True)
     assert torch.equal(qkv, before_qkv) and torch.equal(gate_up, before_gate_up)
+
+
+def test_load_adopts_matching_file_tensors_without_copying(kind):
+    # catches: a load that copies every tensor (startup time) or adopts a fused part (it must be copied in)
+    tensors = dict(iter_safetensors(CHECKPOINTS[kind]))
+    model, _ = load_model(CHECKPOINTS[kind])
+    load_state_dict_into(model, tensors, strict=True, adopt=True)
+    embed = next(n for n in tensors if n.endswith("embed_tokens.weight"))
+    q = next(n for n in tensors if n.endswith("layers.0.self_attn.q_proj.weight"))
+    params = dict(model.named_parameters())
+    assert params[hf_to_internal(embed)].data_ptr() == tensors[embed].data_ptr()
+    assert params[hf_to_internal(q)].data_ptr() != tensors[q].data_ptr()
+    assert torch.equal(params[hf_to_internal(q)][:tensors[q].shape[0]], tensors[q])
