@@ -53,8 +53,7 @@ class ModelRunner:
     def __init__(self, model: QwenVLModel, num_kv_blocks: int, block_size: int, encoder_cache: EncoderCache,
                  batch_invariant: bool = False, static_decode: StaticDecode | None = None) -> None:
         self.model = model
-        self.batch_invariant = batch_invariant
-        self.min_rows = MIN_ROWS if batch_invariant else 0  # pad batches to this many rows
+        self.min_rows = MIN_ROWS if batch_invariant else 0  # pad batches to this many rows; media items under it alone
         text = model.config.text
         # one more block than the block manager hands out: the scratch block of static decode's padding rows
         self.kv = KVCache.allocate(text.num_layers, num_kv_blocks + 1, block_size, text.num_kv_heads,
@@ -90,10 +89,9 @@ class ModelRunner:
             else:
                 found[item.content_hash] = emb
         merge2 = self.model.config.vision.spatial_merge_size ** 2
-        alone = self.min_rows if self.batch_invariant else 0
-        big = [it for it in missing.values() if it.pixel_values.shape[0] // merge2 >= alone]
+        big = [it for it in missing.values() if it.pixel_values.shape[0] // merge2 >= self.min_rows]
         batches = [big] if big else []
-        batches += [[it] for it in missing.values() if it.pixel_values.shape[0] // merge2 < alone]
+        batches += [[it] for it in missing.values() if it.pixel_values.shape[0] // merge2 < self.min_rows]
         for batch in batches:
             grid = [list(it.grid_thw) for it in batch]  # [M, 3] host ints
             pixels = torch.cat([it.pixel_values for it in batch]) if len(batch) > 1 else batch[0].pixel_values
