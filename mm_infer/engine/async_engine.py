@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.errors import RequestFailedError
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
@@ -136,8 +137,9 @@ class AsyncEngine:
                     outputs = self.core.step() if busy else None
                     if busy:
                         self.last_progress = time.monotonic()
-                    for out in outputs or ():
-                        self._deliver(out.request_id, out, out.finished)
+                    for out in outputs or ():  # a request the engine failed gets its error, the others run on
+                        item = out if out.error is None else RequestFailedError(out.error)
+                        self._deliver(out.request_id, item, out.finished)
             except Exception as exc:  # the engine is broken: fail every open stream rather than hang
                 with self._lock:
                     for rid in list(self._streams):

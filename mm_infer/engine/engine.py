@@ -14,11 +14,13 @@ from mm_infer.config import EngineConfig
 from mm_infer.engine.block_manager import BlockManager
 from mm_infer.engine.detokenizer import IncrementalDetokenizer
 from mm_infer.engine.encoder_cache import EncoderCache
+from mm_infer.engine.errors import NONFINITE_MODEL, NONFINITE_PARAMS, RequestError, step_failure
+from mm_infer.engine.fault_isolation import culprits
 from mm_infer.engine.model_runner import ModelRunner, StaticDecode, StepOutput
 from mm_infer.engine.outputs import RequestOutput, make_output
 from mm_infer.engine.memory_profile import cuda_kv_budget
 from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
-from mm_infer.engine.sampler import Sampler
+from mm_infer.engine.sampler import RAW_NONFINITE, SampleResult, Sampler
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
@@ -137,12 +139,17 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; return the outputs it produced (per each request's output kind) and those of
-        requests aborted since the last step."""
+        requests aborted since the last step. A failure is blamed on the requests that cause it: they end with
+        finish_reason "error" and the others run on."""
         outputs, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
         if not batch.chunks:
             return outputs
-        result = self.runner.run(batch.chunks)
+        try:
+            result = self.runner.run(batch.chunks)
+        except Exception as exc:
+            error = step_failure(exc)
+            return outputs + [self._end(g, "error", error) for g in culprits(self.runner.run, batch.chunks)]
         self.scheduler.update(batch)
         return outputs + self._postprocess(batch, result)
 
@@ -154,14 +161,34 @@ class LLMEngine:
         seqs = [c.seq for c in result.sample_chunks]
         if not seqs:
             return []
-        sampled = self.sampler(result.sample_logits, seqs)
+        try:
+            sampled = self.sampler(result.sample_logits, seqs)
+        except Exception as exc:
+            error = step_failure(exc)
+            return [self._end(g, "error", error) for g in {id(s.group): s.group for s in seqs}.values()]
         now = time.perf_counter()
         advanced: dict[str, SequenceGroup] = {}
+        failed: list[RequestOutput] = []
         for i, seq in enumerate(seqs):
-            self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i])
+            if seq.group.error is not None:
+                continue
+            if (error := self._append_or_error(seq, sampled, i)) is not None:
+                advanced.pop(seq.group.request_id, None)
+                failed.append(self._end(seq.group, "error", error))
+                continue
             seq.group.metrics.first_token_time = seq.group.metrics.first_token_time or now
             advanced[seq.group.request_id] = seq.group
-        return [out for group in advanced.values() if (out := self._output_of(group)) is not None]
+        return failed + [out for group in advanced.values() if (out := self._output_of(group)) is not None]
+
+    def _append_or_error(self, seq: Sequence, sampled: SampleResult, i: int) -> RequestError | None:
+        """Append row i's sample to seq; or why its request must fail (a non-finite row, a failure appending)."""
+        if bad := sampled.nonfinite[i]:
+            return NONFINITE_MODEL if bad == RAW_NONFINITE else NONFINITE_PARAMS
+        try:
+            self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i])
+        except Exception as exc:
+            return step_failure(exc)
+        return None
 
     def _append(self, seq: Sequence, token: int, logprob: float, top: dict[int, float] | None) -> None:
         seq.token_ids.append(token)
@@ -201,11 +228,17 @@ class LLMEngine:
         if group is None:
             return None
         group.aborted = True
+        out = self._end(group, "abort")
+        self._aborted.append(out)
+        return out
+
+    def _end(self, group: SequenceGroup, reason: str, error: RequestError | None = None) -> RequestOutput:
+        """Finish every sample of the group now (freeing its blocks) and release it; its last output."""
+        group.error = error
         for seq in group.seqs:
-            self.scheduler.finish(seq, "abort")
+            self.scheduler.finish(seq, reason)
         out = make_output(group, self._decode)
         self._release(group)
-        self._aborted.append(out)
         return out
 
     def abort_many(self, request_ids: Iterable[str]) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mm_infer.engine.detokenizer import Decode
+from mm_infer.engine.errors import RequestError
 from mm_infer.engine.sampling import RequestOutputKind
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
 
@@ -22,7 +23,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
     top_logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
@@ -43,6 +44,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    error: RequestError | None = None  # set when the engine failed this request (finish_reason "error")
 
 
 def _held_back(seq: Sequence) -> int:
@@ -102,7 +104,7 @@ def make_output(group: SequenceGroup, decode: Decode) -> RequestOutput:
         request_id=group.request_id, prompt=req.prompt_text, prompt_token_ids=req.prompt_token_ids, outputs=outs,
         finished=group.finished, prompt_logprobs=list(first.prompt_logprobs) if scored else None,
         prompt_top_logprobs=list(first.prompt_top_logprobs) if first.params.prompt_logprobs else None,
-        metrics=group.metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs))
+        metrics=group.metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs), error=group.error)
 
 
 class OutputAccumulator:

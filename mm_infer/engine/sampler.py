@@ -19,6 +19,7 @@ class SampleResult:
     token_ids: list[int]
     logprobs: list[float]  # of the sampled token, per logprobs_mode
     top_logprobs: list[dict[int, float] | None]
+    nonfinite: list[int]  # per row: 0 fine, RAW_NONFINITE (the model's logits), PROCESSED_NONFINITE (after params)
 
 
 @dataclass
@@ -30,12 +31,14 @@ class SampledTokens:
     logprobs: Tensor  # [S] float32, per row's logprobs_mode
     top_values: Tensor  # [S, K] float32, K = the largest `logprobs` asked for (0 columns if none)
     top_ids: Tensor  # [S, K] long
+    nonfinite: Tensor  # [S] long: 0, RAW_NONFINITE or PROCESSED_NONFINITE
 
     def readback(self) -> SampleResult:
         """The one host sync of a step: every number packed into one float64 tensor (exact for ids and float32)."""
         s, k = self.top_values.shape
-        packed = torch.cat([self.token_ids.double(), self.logprobs.double(), self.top_ids.double().reshape(-1),
-                            self.top_values.double().reshape(-1)]).tolist()
+        packed = torch.cat([self.nonfinite.double(), self.token_ids.double(), self.logprobs.double(),
+                            self.top_ids.double().reshape(-1), self.top_values.double().reshape(-1)]).tolist()
+        bad, packed = [int(b) for b in packed[:s]], packed[s:]
         ids, lps = [int(t) for t in packed[:s]], packed[s:2 * s]
         top_ids, top_values = packed[2 * s:2 * s + s * k], packed[2 * s + s * k:]
         tops: list[dict[int, float] | None] = []
@@ -43,7 +46,18 @@ class SampledTokens:
             want = seq.params.logprobs or 0
             row = slice(i * k, i * k + want)
             tops.append({int(t): v for t, v in zip(top_ids[row], top_values[row], strict=True)} if want else None)
-        return SampleResult(ids, lps, tops)
+        return SampleResult(ids, lps, tops, bad)
+
+
+RAW_NONFINITE = 1
+PROCESSED_NONFINITE = 2
+
+
+def _nonfinite_rows(raw_ok: Tensor, processed: Tensor) -> Tensor:
+    """[S] long: RAW_NONFINITE where the model's logits had NaN/inf, PROCESSED_NONFINITE where only the processed
+    ones broke (NaN, +inf, or every token masked). Such a row's token would be garbage: the engine fails it."""
+    broken = processed.isnan().any(-1) | processed.isposinf().any(-1) | processed.isneginf().all(-1)  # [S]
+    return torch.where(raw_ok, broken.long() * PROCESSED_NONFINITE, RAW_NONFINITE)
 
 
 def _draw(processed: Tensor, batch: SamplingBatch) -> Tensor:
@@ -87,8 +101,10 @@ class Sampler:
     def sample(self, logits: Tensor, seqs: list[Sequence]) -> SampledTokens:
         """logits [S, V] float32, one row per sequence (consumed: processed in place). Nothing is read back."""
         batch = SamplingBatch.build(seqs, logits.device)
+        raw_ok = logits.isfinite().all(-1)  # [S]
         raw = torch.log_softmax(logits, dim=-1)  # [S, V]
         x = self.process(logits, batch)
+        nonfinite = _nonfinite_rows(raw_ok, x)
         need_processed = bool(batch.sampled_rows or batch.processed_rows)
         processed = torch.log_softmax(x, dim=-1) if need_processed else raw  # [S, V]
         tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
@@ -97,7 +113,7 @@ class Sampler:
         source = _logprob_source(raw, processed, batch)
         picked = source.gather(1, tokens[:, None])[:, 0]  # [S]
         top_values, top_ids = torch.topk(source, batch.max_top_logprobs, dim=-1)  # [S, K]
-        return SampledTokens(batch, tokens, picked, top_values, top_ids)
+        return SampledTokens(batch, tokens, picked, top_values, top_ids, nonfinite)
 
     def __call__(self, logits: Tensor, seqs: list[Sequence]) -> SampleResult:
         return self.sample(logits, seqs).readback()

@@ -9,6 +9,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mm_infer.engine.errors import RequestError
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.placeholders import PlaceholderRange
 
@@ -39,6 +40,7 @@ class SequenceGroup:
     request: VLMRequest
     seqs: list[Sequence] = field(default_factory=list)
     aborted: bool = False
+    error: RequestError | None = None  # why the engine failed this request, if it did
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
 
     @property

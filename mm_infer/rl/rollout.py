@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.errors import RequestFailedError
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.request import MediaItem, VLMRequest
@@ -99,7 +100,8 @@ def generate_rollouts(engine: LLMEngine, rows: Sequence[RolloutRow], reward_fn: 
     """Prepare each prompt once (media decoded once per group), sample n completions each, score them.
 
     All rows are queued together, so continuous batching and the prefix cache serve the whole batch.
-    Any abort raises RolloutAbortedError with the partial output: an aborted sample is never scored.
+    Any abort raises RolloutAbortedError with the partial output: an aborted sample is never scored. A request
+    the engine failed raises RequestFailedError.
     """
     requests = [engine.prepare(row.prompt) for row in rows]  # bad input fails before anything is queued
     ids = [f"rollout-{next(_ids)}" for _ in rows]
@@ -115,6 +117,8 @@ def generate_rollouts(engine: LLMEngine, rows: Sequence[RolloutRow], reward_fn: 
         out = outputs.get(rid)
         if out is None:
             raise RuntimeError(f"engine stopped before {rid} finished")
+        if out.error is not None:
+            raise RequestFailedError(out.error)
         aborted = [c for c in out.outputs if c.finish_reason == "abort"]
         if aborted:
             raise RolloutAbortedError(f"{rid}: {len(aborted)} of {len(out.outputs)} samples were aborted", out)

@@ -29,6 +29,7 @@ from servers.openai.replies import (
     ToolCallDelta,
     ToolCallOut,
 )
+from servers.openai.admission import check_sequences, check_text, message_texts
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,
@@ -46,6 +47,7 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                             mm_processor_kwargs: dict[str, Any] | None,
                             tools: list[Tool] | None) -> PromptInput:
     """The typed prompt: token ids (earlier turns' exact ids spliced in) plus processed media items."""
+    check_text(state.preparer.tokenizer, state.backend.max_model_len, message_texts(messages), "messages")
     chat = parse_messages(messages)
     opts = state.media.options(mm_processor_kwargs)
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
@@ -179,6 +181,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
     check_tool_choice(req)
     params = to_sampling_params(req, state.backend.vocab_size)
+    check_sequences(1, req.n, state.config.max_sequences_per_request)
     prompt = await build_chat_prompt(
         state, req.messages, add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,

@@ -11,6 +11,7 @@ from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.prompt.inputs import PromptInput
+from servers.openai.admission import check_sequences, check_text
 from servers.openai.outputs import completion_logprobs, prompt_logprobs, usage
 from servers.openai.protocol import CompletionRequest, to_sampling_params
 from servers.openai.replies import ApiError, CompletionChoice, CompletionResponse, Usage
@@ -26,8 +27,8 @@ from servers.openai.streaming import (
 )
 
 
-def prompt_ids(state: ServerState, req: CompletionRequest) -> list[list[int]]:
-    """Each prompt as token ids: text is tokenized here, id lists are taken as given."""
+def split_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts: one text, one id list, or a batch of either."""
     raw = req.prompt
     if isinstance(raw, str):
         prompts: list[str | list[int]] = [raw]
@@ -37,6 +38,11 @@ def prompt_ids(state: ServerState, req: CompletionRequest) -> list[list[int]]:
         prompts = list(raw)  # type: ignore[arg-type]
     if not prompts:
         raise ApiError(400, "prompt is empty", param="prompt")
+    return prompts
+
+
+def prompt_ids(state: ServerState, req: CompletionRequest, prompts: list[str | list[int]]) -> list[list[int]]:
+    """Each prompt as token ids: text is tokenized here (call it off the event loop), id lists taken as given."""
     encode = state.preparer.renderer.encode
     out = [encode(p, add_special_tokens=req.add_special_tokens) if isinstance(p, str) else list(p) for p in prompts]
     for i, ids in enumerate(out):
@@ -102,7 +108,11 @@ def _sum(totals: list[Usage]) -> Usage:
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
     params = to_sampling_params(req, state.backend.vocab_size)
-    prompts = prompt_ids(state, req)
+    texts = split_prompts(req)
+    check_sequences(len(texts), req.n, state.config.max_sequences_per_request)
+    check_text(state.preparer.tokenizer, state.backend.max_model_len, (p for p in texts if isinstance(p, str)),
+               "prompt")
+    prompts = await asyncio.to_thread(prompt_ids, state, req, texts)
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gens = [Generation(state, PromptInput(token_ids=ids), params, f"{rid}-{i}", req.affinity_key, req.stream)

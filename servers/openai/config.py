@@ -27,6 +27,7 @@ class MediaCaps:
     max_video_frames: int = 768
     max_video_fps: float | None = None
     uuid_cache_bytes: int = 256 * 1024 * 1024  # processed media kept for requests that name it by uuid
+    uuid_name_entries: int = 65536  # (client scope, uuid) names remembered for requests that send a uuid alone
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ServerConfig:
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int | None = None  # None: one engine in this process; N: N Ray actors behind a router
     ray_address: str | None = None  # None: start a local Ray
+    max_sequences_per_request: int = 256  # prompts x n in one request
 
     @property
     def model_name(self) -> str:

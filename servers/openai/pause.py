@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mm_infer.serving import EngineBackend
+from servers.openai.replies import ApiError
 
 PauseMode = Literal["abort", "wait", "keep"]
 
@@ -42,9 +43,13 @@ class PauseGate:
         return len(self._inflight)
 
     async def admit(self, request_id: str) -> Ticket:
-        """Wait while paused, then register the request as in flight (no await between check and register)."""
+        """Wait while paused, then register the request as in flight (no await between check and register).
+        Request ids are unique among requests in flight: a second one is a 400 (it would hide the first's ticket)."""
         while not self._open.is_set():
             await self._open.wait()
+        if request_id in self._inflight:
+            raise ApiError(400, f"request_id {request_id!r} is already in use by a request in flight",
+                           param="request_id")
         ticket = Ticket(request_id)
         self._inflight[request_id] = ticket
         self._idle.clear()

@@ -7,11 +7,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mm_infer.engine.sampling import LOGPROBS_MODES, SamplingParams
+from servers.openai.admission import check_logit_bias, check_stops
 from servers.openai.replies import ApiError
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields and non-finite numbers (NaN, Infinity, 1e999) are a 400 naming the field."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class URLRef(Strict):
@@ -118,9 +121,9 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
@@ -231,6 +234,8 @@ def to_sampling_params(req: SamplingFields, vocab_size: int) -> SamplingParams:
     if req.prompt_logprobs:
         raise ApiError(400, "prompt_logprobs > 0 (top alternatives per prompt token) is not supported; use 0 for "
                        "each prompt token's own logprob", param="prompt_logprobs")
+    check_stops(req.stop)
+    check_logit_bias(req.logit_bias)
     bad_stop = [t for t in req.stop_token_ids or [] if not 0 <= t < vocab_size]
     if bad_stop:
         raise ApiError(400, f"stop_token_ids {bad_stop} are not token ids in [0, {vocab_size})",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from mm_infer.prompt.inputs import PromptInput
+from servers.openai.admission import check_text
 from servers.openai.chat import build_chat_prompt
 from servers.openai.outputs import token_str
 from servers.openai.protocol import DetokenizeRequest, TokenizeRequest
@@ -21,7 +22,10 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
             continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
             mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools)
     else:
-        prompt = PromptInput(token_ids=state.preparer.renderer.encode(req.prompt or "", req.add_special_tokens))
+        text = req.prompt or ""
+        check_text(state.preparer.tokenizer, state.backend.max_model_len, [text], "prompt")
+        ids = await asyncio.to_thread(state.preparer.renderer.encode, text, req.add_special_tokens)
+        prompt = PromptInput(token_ids=ids)
     try:
         prepared = await asyncio.to_thread(state.preparer.prepare, prompt)
     except Exception as exc:

@@ -111,7 +111,7 @@ class Readbacks:
         self.seen.append(sampled)
         seqs = sampled.batch.seqs
         tops = [{self.token: 0.0} if s.params.logprobs else None for s in seqs]
-        return SampleResult([self.token] * len(seqs), [0.0] * len(seqs), tops)
+        return SampleResult([self.token] * len(seqs), [0.0] * len(seqs), tops, [0] * len(seqs))
 
 
 def _on_fake_cuda(mode: FakeTensorMode) -> Callable[[], AbstractContextManager]:
