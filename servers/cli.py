@@ -12,7 +12,6 @@ from mm_infer import cli as library_cli
 from servers.openai.config import FetchConfig, MediaCaps, ServerConfig
 from servers.openai.launch import serve
 
-
 ENGINE_FLAGS = ("dtype", "max_model_len", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "seed",
                 "kv_cache_memory_bytes", "gpu_memory_utilization", "device")
 
@@ -36,7 +35,11 @@ def run_serve(args: argparse.Namespace) -> int:
                           allow_private_urls=args.allow_private_media_urls, timeout_s=args.media_fetch_timeout,
                           max_bytes=args.max_media_bytes),
         caps=MediaCaps(image_max_pixels=args.max_pixels, video_max_pixels=args.video_max_pixels,
-                       max_video_frames=args.max_video_frames))
+                       max_video_frames=args.max_video_frames),
+        max_sequences_per_request=args.max_sequences_per_request, metrics_public=args.metrics_public,
+        body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
+        allowed_weights_paths=tuple(Path(p) for p in args.allowed_weights_path) or None)
     serve(config, args.log_level)
     return 0
 
@@ -51,7 +54,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--allowed-media-path", action="append", default=[], help="folder file:// URLs may read")
     srv.add_argument("--allow-private-media-urls", action="store_true", help="allow http(s) to private addresses")
-    srv.add_argument("--media-fetch-timeout", type=float, default=10.0)
+    srv.add_argument("--media-fetch-timeout", type=float, default=10.0,
+                     help="wall-clock seconds for one whole media download (connect, headers and body)")
     srv.add_argument("--max-media-bytes", type=int, default=64 * 1024 * 1024)
     srv.add_argument("--max-body-bytes", type=int, default=100 * 1024 * 1024)
     srv.add_argument("--max-model-len", type=int, default=None)
@@ -77,7 +81,21 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                      help="run N engine replicas as Ray actors behind a cache-aware router (default: one in-process)")
     srv.add_argument("--ray-address", default=None, help="Ray cluster to join with --replicas (default: a local Ray)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_limit_flags(srv)
     srv.set_defaults(func=run_serve)
+
+
+def _add_limit_flags(srv: argparse.ArgumentParser) -> None:
+    """Per-request limits, slow-client deadlines, shutdown and what refits and /metrics may touch."""
+    srv.add_argument("--max-sequences-per-request", type=int, default=256, help="prompts x n in one request")
+    srv.add_argument("--metrics-public", action="store_true", help="/metrics and /version without the API key")
+    srv.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a whole request body to arrive")
+    srv.add_argument("--header-timeout", type=float, default=10.0,
+                     help="seconds for request headers to arrive (slow clients are cut off)")
+    srv.add_argument("--shutdown-timeout", type=float, default=30.0,
+                     help="on SIGTERM, seconds in-flight requests get before they end with an error")
+    srv.add_argument("--allowed-weights-path", action="append", default=[],
+                     help="folder /update_weights_from_disk may read (default: the model folder's parent)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-import hmac
-import json
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import mm_infer
 from servers.openai.admin import add_admin_routes
 from servers.openai.chat import create_chat_completion
 from servers.openai.completions import create_completion
-from servers.openai.metrics import Metrics
+from servers.openai.middleware import ServerMiddleware, log_error
 from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from servers.openai.replies import (
     ApiError,
     ModelCard,
     ModelList,
-    error_body,
     error_response,
-    from_exception,
     validation_error,
 )
 from servers.openai.responses_api.endpoint import create_response
@@ -39,13 +33,17 @@ CLIENT_CLOSED = 499  # nginx's code for "client closed request": nobody reads it
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """ApiError and validation errors answer here; anything else (MediaError / PromptError with their own 4xx,
+    real faults) is answered by ServerMiddleware, which sees the status it gets."""
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        log_error(request.method, request.url.path, exc)
         return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = validation_error(list(exc.errors()))
+        log_error(request.method, request.url.path, err)
         return error_response(err.status, err.message, err.param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -55,11 +53,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientGone)
     async def gone(_: Request, exc: ClientGone) -> Response:
         return Response(status_code=CLIENT_CLOSED)
-
-    @app.exception_handler(Exception)
-    async def other(_: Request, exc: Exception) -> JSONResponse:
-        err = from_exception(exc)  # MediaError / PromptError carry their own 4xx status
-        return error_response(err.status, err.message, err.param)
 
 
 def _add_info_routes(app: FastAPI, state: ServerState) -> None:
@@ -115,84 +108,8 @@ def build_app(state: ServerState) -> FastAPI:
 
     _add_info_routes(app, state)
     add_admin_routes(app, state)
-    app.add_middleware(ServerMiddleware, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes,
-                       metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes))
+    cfg = state.config
+    app.add_middleware(ServerMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+                       metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes),
+                       metrics_public=cfg.metrics_public, body_timeout_s=cfg.body_timeout_s)
     return app
-
-
-OPEN_PATHS = ("/health", "/version", "/metrics", "/ping")
-
-
-async def _send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps(error_body(status, message)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
-    await send({"type": "http.response.body", "body": body})
-
-
-class ServerMiddleware:
-    """Runs before routing: auth, then the body cap (buffered and replayed), then timing."""
-
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
-                 known_paths: frozenset[str] = frozenset()) -> None:
-        self.app = app
-        self.known_paths = known_paths  # metric labels: anything else counts as "other"
-        self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
-        self.metrics = metrics
-
-    def _authorized(self, scope: Scope) -> bool:
-        if self.api_key is None or scope["path"] in OPEN_PATHS:
-            return True
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
-
-    async def _read_body(self, receive: Receive) -> list[Message] | None:
-        """All body messages, or None once they pass the cap."""
-        messages, total = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                return messages
-            total += len(message.get("body", b""))
-            if total > self.max_body_bytes:
-                return None
-            if not message.get("more_body", False):
-                return messages
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"] if scope["path"] in self.known_paths else "other"
-        if not self._authorized(scope):
-            self.metrics.request_done(path, 401)
-            await _send_error(send, 401, "missing or invalid API key (send Authorization: Bearer <key>)",
-                              [(b"www-authenticate", b"Bearer")])
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_big = declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes
-        buffered = None if too_big else await self._read_body(receive)
-        if buffered is None:
-            self.metrics.request_done(path, 413)
-            await _send_error(send, 413, f"request body is over the limit of {self.max_body_bytes} bytes")
-            return
-
-        async def replay() -> Message:
-            return buffered.pop(0) if buffered else await receive()
-
-        status = [500]
-        started = time.perf_counter()
-
-        async def send_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, replay, send_status)
-        finally:
-            self.metrics.request_done(path, status[0], time.perf_counter() - started)

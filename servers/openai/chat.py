@@ -13,8 +13,9 @@ from fastapi import Request
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.inputs import PromptInput
+from servers.openai.admission import check_sequences, check_text, message_texts
 from servers.openai.messages import parse_messages
-from servers.openai.outputs import Parsed, chat_logprobs, prompt_logprobs, usage
+from servers.openai.outputs import Parsed, chat_logprobs, json_logprobs, prompt_logprobs, usage
 from servers.openai.protocol import ChatCompletionRequest, ChatMessage, Tool, check_tool_choice, to_sampling_params
 from servers.openai.replies import (
     ApiError,
@@ -29,7 +30,6 @@ from servers.openai.replies import (
     ToolCallDelta,
     ToolCallOut,
 )
-from servers.openai.admission import check_sequences, check_text, message_texts
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,
@@ -86,7 +86,7 @@ def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, 
         tool_calls=[ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
                     for c in parsed.tool_calls],
         prompt_token_ids=list(out.prompt_token_ids), generation_token_ids=list(comp.token_ids),
-        generation_log_probs=list(comp.logprobs))
+        generation_log_probs=json_logprobs(comp.logprobs))
     logprobs = None
     if req.logprobs:
         logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,

@@ -46,6 +46,11 @@ class ServerConfig:
     replicas: int | None = None  # None: one engine in this process; N: N Ray actors behind a router
     ray_address: str | None = None  # None: start a local Ray
     max_sequences_per_request: int = 256  # prompts x n in one request
+    metrics_public: bool = False  # /metrics and /version answer without the API key
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this
+    header_timeout_s: float = 10.0  # ... and its headers within this of the connection (or of the last response)
+    shutdown_timeout_s: float = 30.0  # on SIGTERM, in-flight requests get this long before they end with an error
+    allowed_weights_paths: tuple[Path, ...] | None = None  # refits from disk; None: the model folder's parent
 
     @property
     def model_name(self) -> str:

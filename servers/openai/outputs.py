@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -116,6 +117,17 @@ def build_output_parser(reasoning: str | None, tools: str | None) -> OutputParse
                         TOOL_PARSERS[tools]() if tools else None)
 
 
+LOGPROB_FLOOR = -9999.0  # what a -inf logprob (a masked token) is sent as: JSON has no infinity (vLLM's convention)
+
+
+def json_logprob(lp: float) -> float:
+    return lp if math.isfinite(lp) else LOGPROB_FLOOR
+
+
+def json_logprobs(lps: list[float]) -> list[float]:
+    return [lp if math.isfinite(lp) else LOGPROB_FLOOR for lp in lps]
+
+
 def token_str(tokenizer: Any, token_id: int, as_id: bool) -> str:
     """A token as logprobs show it: its text, or `token_id:N` (vLLM's return_tokens_as_token_ids)."""
     return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id], skip_special_tokens=False)
@@ -123,7 +135,7 @@ def token_str(tokenizer: Any, token_id: int, as_id: bool) -> str:
 
 def _top(tokenizer: Any, alts: dict[int, float] | None, k: int, as_ids: bool) -> list[tuple[str, float]]:
     ranked = sorted((alts or {}).items(), key=lambda kv: -kv[1])[:k]
-    return [(token_str(tokenizer, t, as_ids), lp) for t, lp in ranked]
+    return [(token_str(tokenizer, t, as_ids), json_logprob(lp)) for t, lp in ranked]
 
 
 def chat_logprobs(tokenizer: Any, comp: CompletionOutput, start: int, k: int, as_ids: bool) -> list[TokenLogprob]:
@@ -132,7 +144,7 @@ def chat_logprobs(tokenizer: Any, comp: CompletionOutput, start: int, k: int, as
     for i in range(start, len(comp.token_ids)):
         token = token_str(tokenizer, comp.token_ids[i], as_ids)
         alts = comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None
-        out.append(TokenLogprob(token=token, logprob=comp.logprobs[i], bytes=list(token.encode("utf-8")),
+        out.append(TokenLogprob(token=token, logprob=json_logprob(comp.logprobs[i]), bytes=list(token.encode("utf-8")),
                                 top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=list(t.encode("utf-8")))
                                               for t, lp in _top(tokenizer, alts, k, as_ids)]))
     return out
@@ -150,7 +162,7 @@ def completion_logprobs(tokenizer: Any, comp: CompletionOutput, k: int, as_ids: 
     if k:
         tops = [dict(_top(tokenizer, comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None,
                           k, as_ids)) for i in range(start, len(comp.token_ids))]
-    return CompletionLogprobs(tokens=tokens, token_logprobs=list(comp.logprobs[start:]), top_logprobs=tops,
+    return CompletionLogprobs(tokens=tokens, token_logprobs=json_logprobs(comp.logprobs[start:]), top_logprobs=tops,
                               text_offset=offsets)
 
 
@@ -161,7 +173,8 @@ def prompt_logprobs(tokenizer: Any, out: RequestOutput, as_ids: bool) -> list[di
     for i, token in enumerate(out.prompt_token_ids):
         lp = lps[i] if i < len(lps) else None
         result.append(None if lp is None else
-                      {str(token): {"logprob": lp, "rank": None, "decoded_token": token_str(tokenizer, token, as_ids)}})
+                      {str(token): {"logprob": json_logprob(lp), "rank": None,
+                                    "decoded_token": token_str(tokenizer, token, as_ids)}})
     return result
 
 

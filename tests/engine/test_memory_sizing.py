@@ -40,7 +40,7 @@ def test_pool_from_a_byte_string_and_context_lowered_aloud(caplog):
     blocks = 2**20 // per_block(llm)
     assert llm.engine.runtime.num_kv_blocks == blocks
     assert llm.engine.runtime.max_model_len == blocks * 16  # the model allows more: lowered, and said so
-    assert f"lowered from the model's" in caplog.text and f"holds {blocks} blocks" in caplog.text
+    assert "lowered from the model's" in caplog.text and f"holds {blocks} blocks" in caplog.text
 
 
 def test_an_explicit_context_the_pool_cannot_hold_fails_with_the_numbers():

@@ -35,7 +35,7 @@ def test_a_top_seed_with_n_2_neither_fails_nor_bricks_the_engine(server):
 @pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty", "repetition_penalty", "min_p"])
 @pytest.mark.parametrize("value", ["1e999", "NaN", "-Infinity"])
 def test_non_finite_numbers_are_a_400_naming_the_field(server, field, value):
-    body = '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "%s": %s}' % (field, value)
+    body = f'{{"messages": [{{"role": "user", "content": "x"}}], "max_tokens": 2, "{field}": {value}}}'
     err = assert_error(raw_post(server, "/v1/chat/completions", body), 400, field)
     assert err["param"] == field
 

@@ -14,7 +14,7 @@ def test_models_health_version(client, server):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-qwen2-vl"] and models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
     assert httpx.get(f"{server.base_url}/health").status_code == 200
-    assert httpx.get(f"{server.base_url}/version").json()["version"]
+    assert httpx.get(f"{server.base_url}/version", headers=AUTH).json()["version"]
 
 
 def test_tokenize_messages_gives_expanded_ids_and_ranges(server, photo_url):
@@ -73,7 +73,7 @@ def test_stop_token_ids_and_stop_strings(client):
 
 def test_metrics_exposition(client, server):
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "m"}], max_tokens=2)
-    text = httpx.get(f"{server.base_url}/metrics").text
+    text = httpx.get(f"{server.base_url}/metrics", headers=AUTH).text
     for name in ("mm_infer_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}",
                  "mm_infer_generation_tokens_total", "mm_infer_num_requests_waiting",
                  "mm_infer_e2e_request_latency_seconds_bucket{le=\"+Inf\"}",
@@ -81,7 +81,7 @@ def test_metrics_exposition(client, server):
                  "mm_infer_encoder_cache_hits", "mm_infer_prefix_cache_hit_tokens"):
         assert name in text, name
     assert httpx.get(f"{server.base_url}/no/such/path/{id(text)}", headers=AUTH).status_code == 404
-    text = httpx.get(f"{server.base_url}/metrics").text
+    text = httpx.get(f"{server.base_url}/metrics", headers=AUTH).text
     assert "/no/such/path" not in text and 'endpoint="other",status="404"' in text
     line = next(ln for ln in text.splitlines() if ln.startswith("mm_infer_generation_tokens_total"))
     assert int(line.split()[-1]) >= 2

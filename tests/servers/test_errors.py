@@ -148,7 +148,7 @@ def test_client_disconnect_aborts_and_frees_blocks(server, stream):
                 c.post("/v1/chat/completions", json=body)
     _wait_idle(server)
     assert server.state.metrics.aborted == before + 1
-    text = httpx.get(f"{server.base_url}/metrics").text
+    text = httpx.get(f"{server.base_url}/metrics", headers=AUTH).text
     assert f"mm_infer_kv_blocks_free {NUM_BLOCKS}" in text
 
 

@@ -172,7 +172,7 @@ def test_refit_while_running_waits_or_aborts_then_resumes(server, client, pool, 
         out = running.result(timeout=60)  # finished on the old weights before they changed
         assert out.choices[0].finish_reason == "length"
         assert out.model_extra["weight_version"] == refit.json()["weight_version"] - 1
-    metrics = httpx.get(f"{server.base_url}/metrics").text
+    metrics = httpx.get(f"{server.base_url}/metrics", headers=AUTH).text
     assert f"mm_infer_weight_version {refit.json()['weight_version']}" in metrics and "mm_infer_paused 0" in metrics
 
 

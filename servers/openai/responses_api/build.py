@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.outputs import Parsed, chat_logprobs
+from servers.openai.outputs import Parsed, chat_logprobs, json_logprobs
 from servers.openai.protocol import ChatCompletionRequest, FunctionDef, Tool
 from servers.openai.replies import ApiError, TokenLogprob
 from servers.openai.responses_api.inputs import to_chat_messages
@@ -88,7 +88,7 @@ def output_items(parsed: Parsed, comp: CompletionOutput, prompt_token_ids: list[
     last = items[-1]
     last.prompt_token_ids = list(prompt_token_ids)
     last.generation_token_ids = list(comp.token_ids)
-    last.generation_log_probs = list(comp.logprobs)
+    last.generation_log_probs = json_logprobs(comp.logprobs)
     return items
 
 
