@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from mm_infer.sizes import parse_size
 
-
 CPU_KV_CACHE_BYTES = 256 << 20  # the CPU pool when no size is given
 
 

@@ -16,11 +16,11 @@ from mm_infer.engine.detokenizer import IncrementalDetokenizer
 from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.errors import NONFINITE_MODEL, NONFINITE_PARAMS, RequestError, step_failure
 from mm_infer.engine.fault_isolation import culprits
+from mm_infer.engine.memory_profile import cuda_kv_budget
 from mm_infer.engine.model_runner import ModelRunner, StaticDecode, StepOutput
 from mm_infer.engine.outputs import RequestOutput, make_output
-from mm_infer.engine.memory_profile import cuda_kv_budget
 from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
-from mm_infer.engine.sampler import RAW_NONFINITE, SampleResult, Sampler
+from mm_infer.engine.sampler import RAW_NONFINITE, Sampler, SampleResult
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup

@@ -7,7 +7,7 @@ import hashlib
 import itertools
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mm_infer.engine.errors import RequestError
 from mm_infer.engine.sampling import SamplingParams

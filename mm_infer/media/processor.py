@@ -17,7 +17,8 @@ from mm_infer.media.packed import PackedTensor
 from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, frames_to_rows
 from mm_infer.media.resize import resize_frames_torch, resize_image_pil, smart_resize
 from mm_infer.media.sources import MediaInput, array_digest, is_encoded, options_digest, pil_digest, read_encoded
-from mm_infer.media.video import choose_decoder, decode_frames, probe
+from mm_infer.media.video import VideoInfo, check_decode_budget, choose_decoder, probe
+from mm_infer.media.video_decode import decode_resized
 
 IMAGE_MIN_PIXELS = 56 * 56
 IMAGE_MAX_PIXELS = 28 * 28 * 1280
@@ -144,41 +145,68 @@ def _frame_budget(opts: VideoOptions, n_frames: int) -> int:
     return int(min(opts.max_pixels, share))
 
 
+def _sampled_indices(info: VideoInfo, opts: VideoOptions, limits: MediaLimits, origin: str) -> list[int]:
+    """The caller's frame_indices (checked) or the sampler's pick, within the sampled-frame cap."""
+    if opts.frame_indices is not None:
+        return check_indices(list(opts.frame_indices), info.total_frames, max_sampled=limits.max_sampled_frames)
+    indices = sample_indices(opts.sampler, info.total_frames, info.fps, fps=opts.fps, num_frames=opts.num_frames,
+                             factor=opts.spec.temporal_patch_size, max_frames=limits.max_sampled_frames)
+    if len(indices) > limits.max_sampled_frames:
+        raise MediaTooLargeError(f"{origin}: {len(indices)} sampled frames, over the limit of "
+                                 f"{limits.max_sampled_frames}")
+    return indices
+
+
+def _encoded_video(item: MediaInput, opts: VideoOptions,
+                   limits: MediaLimits) -> tuple[torch.Tensor, VideoMetadata, str]:
+    """Encoded video -> (uint8 [T, 3, h, w] frames at the target size, metadata, source digest).
+
+    Limits are checked from the header before any decoding; each frame is resized as it is decoded.
+    """
+    tp = opts.spec.temporal_patch_size
+    encoded = read_encoded(item, limits=limits)
+    info = probe(encoded, limits=limits)
+    indices = _sampled_indices(info, opts, limits, encoded.origin)
+    check_decode_budget(encoded.origin, info, indices, limits)
+    decoder = choose_decoder(opts.decoder, info)
+    frame_max_pixels = _frame_budget(opts, len(indices))
+
+    def target(height: int, width: int) -> tuple[int, int]:
+        return smart_resize(height, width, opts.spec.factor, opts.min_pixels, frame_max_pixels)
+
+    frames = decode_resized(encoded, indices, decoder, target, opts.backend, limits)  # [T, 3, h, w] uint8
+    sample_fps = len(indices) / info.total_frames * info.fps
+    meta = VideoMetadata(info.total_frames, info.fps, indices, sample_fps, tp / sample_fps, decoder)
+    return frames, meta, encoded.digest
+
+
+def _listed_video(item: Sequence | np.ndarray | torch.Tensor, opts: VideoOptions,
+                  limits: MediaLimits) -> tuple[torch.Tensor, VideoMetadata, str]:
+    """A video given as frames -> (uint8 [T, 3, h, w] frames at the target size, metadata, frames digest)."""
+    tp = opts.spec.temporal_patch_size
+    frames = _frame_list(item.cpu().numpy() if isinstance(item, torch.Tensor) else item)  # [T, H, W, 3]
+    if len(frames) > limits.max_sampled_frames:
+        raise MediaTooLargeError(f"video of {len(frames)} frames is over the limit of {limits.max_sampled_frames}")
+    if frames.shape[1] * frames.shape[2] > limits.max_image_pixels:
+        raise MediaTooLargeError(f"video frames of {frames.shape[2]}x{frames.shape[1]} are over the pixel limit")
+    n = len(frames)
+    meta = VideoMetadata(n, opts.fps, list(range(n)), opts.fps, tp / opts.fps, "frames")
+    height, width = frames.shape[1:3]
+    size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, _frame_budget(opts, n))
+    return _to_pixels(frames, size, opts.backend, opts.spec), meta, array_digest(frames)
+
+
 def process_video(item: MediaInput, opts: VideoOptions,
                   limits: MediaLimits = DEFAULT_LIMITS) -> tuple[PackedTensor, VideoMetadata]:
     """One video (encoded, or a list/array of frames) -> a one-item PackedTensor and its metadata."""
     _check_backend(opts.backend)
-    tp = opts.spec.temporal_patch_size
     if is_encoded(item):
-        encoded = read_encoded(item, limits=limits)
-        info = probe(encoded, limits=limits)
-        if opts.frame_indices is not None:
-            indices = check_indices(list(opts.frame_indices), info.total_frames, max_sampled=limits.max_sampled_frames)
-        else:
-            indices = sample_indices(opts.sampler, info.total_frames, info.fps, fps=opts.fps,
-                                     num_frames=opts.num_frames, factor=tp, max_frames=limits.max_sampled_frames)
-        if len(indices) > limits.max_sampled_frames:
-            raise MediaTooLargeError(f"{encoded.origin}: {len(indices)} sampled frames, over the limit of "
-                                     f"{limits.max_sampled_frames}")
-        decoder = choose_decoder(opts.decoder, info)
-        frames = decode_frames(encoded, indices, decoder)
-        sample_fps = len(indices) / info.total_frames * info.fps
-        meta = VideoMetadata(info.total_frames, info.fps, indices, sample_fps, tp / sample_fps, decoder)
-        digest = encoded.digest
+        frames, meta, digest = _encoded_video(item, opts, limits)
     elif isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
-        frames = _frame_list(item.cpu().numpy() if isinstance(item, torch.Tensor) else item)
-        if len(frames) > limits.max_sampled_frames:
-            raise MediaTooLargeError(f"video of {len(frames)} frames is over the limit of {limits.max_sampled_frames}")
-        if frames.shape[1] * frames.shape[2] > limits.max_image_pixels:
-            raise MediaTooLargeError(f"video frames of {frames.shape[2]}x{frames.shape[1]} are over the pixel limit")
-        n = len(frames)
-        meta = VideoMetadata(n, opts.fps, list(range(n)), opts.fps, tp / opts.fps, "frames")
-        digest = array_digest(frames)
+        frames, meta, digest = _listed_video(item, opts, limits)
     else:
         raise MediaUnsupportedError(f"unsupported video input of type {type(item).__name__}")
-    height, width = frames.shape[1:3]
-    size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, _frame_budget(opts, len(frames)))
-    rows, grid = frames_to_rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
+    rows, grid = frames_to_rows(frames, opts.backend, opts.spec)
     key = options_digest(digest, ("video", opts, meta.decoder))
     packed = PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.tensor([len(frames)]), [key])
     return packed, meta

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
 import numpy as np
 
-from mm_infer.media.errors import MediaDecodeError, MediaTooLargeError, MediaUnsupportedError
+from mm_infer.media.errors import MediaDecodeError, MediaError, MediaTooLargeError, MediaUnsupportedError
 from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
 from mm_infer.media.sources import EncodedMedia
 
@@ -85,42 +86,74 @@ def probe(encoded: EncodedMedia, *, limits: MediaLimits = DEFAULT_LIMITS) -> Vid
     return info
 
 
-def _decode_pyav(encoded: EncodedMedia, indices: list[int]) -> np.ndarray:
-    """Decode sequentially up to the last wanted frame; only wanted frames are converted to RGB."""
+def check_decode_budget(origin: str, info: VideoInfo, indices: list[int], limits: MediaLimits) -> None:
+    """Refuse, from the header alone, a video whose sampled frames would need too many decoded pixels.
+
+    Decoding is sequential up to the last sampled frame, so the work is (last index + 1) frames of
+    width x height, whatever the number of frames kept.
+    """
+    frames = max(indices) + 1
+    pixels = frames * info.width * info.height
+    if pixels > limits.max_video_decode_pixels:
+        raise MediaTooLargeError(f"{origin}: sampling up to frame {frames - 1} decodes {frames} frames of "
+                                 f"{info.width}x{info.height} = {pixels} pixels, over the decode budget of "
+                                 f"{limits.max_video_decode_pixels} pixels (max_video_decode_pixels)")
+
+
+def _count_decoded(origin: str, index: int, width: int, height: int, decoded: int, limits: MediaLimits) -> int:
+    """Decoded pixels after one more frame; raises if the frame or the running total is over its limit."""
+    if width * height > limits.max_image_pixels:
+        raise MediaTooLargeError(f"{origin}: frame {index} is {width}x{height}, over the limit of "
+                                 f"{limits.max_image_pixels} pixels")
+    decoded += width * height
+    if decoded > limits.max_video_decode_pixels:
+        raise MediaTooLargeError(f"{origin}: decoding frame {index} ({width}x{height}) takes the decoded pixels to "
+                                 f"{decoded}, over the decode budget of {limits.max_video_decode_pixels} pixels "
+                                 f"(max_video_decode_pixels)")
+    return decoded
+
+
+def _iter_pyav(encoded: EncodedMedia, wanted: list[int], limits: MediaLimits) -> Iterator[tuple[int, np.ndarray]]:
+    """Decode sequentially up to the last wanted frame; yield each wanted frame as RGB, one at a time.
+
+    Every decoded frame is counted against the decode budget and the per-frame pixel cap, so a header
+    that lies about the frame size cannot make us decode more than the budget.
+    """
     import av
 
-    wanted: dict[int, list[int]] = {}
-    for pos, idx in enumerate(indices):
-        wanted.setdefault(idx, []).append(pos)
-    last = max(indices)
-    out: list[np.ndarray | None] = [None] * len(indices)
+    if not wanted:
+        return
+    want, last, decoded, seen = set(wanted), wanted[-1], 0, set()
     with _open_av(encoded) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         try:
             for i, frame in enumerate(container.decode(stream)):
-                if i in wanted:
-                    rgb = frame.to_ndarray(format="rgb24")  # [H, W, 3] uint8
-                    for pos in wanted[i]:
-                        out[pos] = rgb
+                decoded = _count_decoded(encoded.origin, i, frame.width, frame.height, decoded, limits)
+                if i in want:
+                    seen.add(i)
+                    yield i, frame.to_ndarray(format="rgb24")  # [H, W, 3] uint8
                 if i >= last:
                     break
+        except MediaError:
+            raise
         except (av.error.FFmpegError, ValueError, OSError) as e:
             raise MediaDecodeError(f"{encoded.origin} is truncated or corrupt: {e}") from None
-    missing = [indices[p] for p, f in enumerate(out) if f is None]
+    missing = [i for i in wanted if i not in seen]
     if missing:
         raise MediaDecodeError(f"{encoded.origin} ended before frames {missing[:5]} (truncated video?)")
-    return np.stack(out)  # [N, H, W, 3]
 
 
-def _decode_decord(encoded: EncodedMedia, indices: list[int]) -> np.ndarray:
+def _iter_decord(encoded: EncodedMedia, wanted: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+    """Wanted frames one at a time from decord (each an accurate seek, as in one get_batch call)."""
     import decord
 
     try:
         reader = decord.VideoReader(io.BytesIO(encoded.data), num_threads=0)
-        if max(indices) >= len(reader):
-            raise MediaDecodeError(f"{encoded.origin} has {len(reader)} frames; index {max(indices)} is past the end")
-        return reader.get_batch(indices).asnumpy()  # [N, H, W, 3] uint8
+        if wanted and wanted[-1] >= len(reader):
+            raise MediaDecodeError(f"{encoded.origin} has {len(reader)} frames; index {wanted[-1]} is past the end")
+        for i in wanted:
+            yield i, reader.get_batch([i]).asnumpy()[0]  # [H, W, 3] uint8
     except decord.DECORDError as e:
         raise MediaDecodeError(f"{encoded.origin} is truncated or corrupt: {e}") from None
     except RuntimeError as e:
@@ -148,11 +181,30 @@ def choose_decoder(decoder: str, info: VideoInfo) -> str:
     return decoder
 
 
-def decode_frames(encoded: EncodedMedia, indices: list[int], decoder: str) -> np.ndarray:
-    """Frames at `indices` as uint8 [N, H, W, 3] RGB, in the order asked; a stream decord refuses goes to PyAV."""
+def iter_frames(encoded: EncodedMedia, indices: list[int], decoder: str,
+                limits: MediaLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, np.ndarray]]:
+    """Each distinct index of `indices` once, ascending, as (index, uint8 [H, W, 3] RGB); one frame held at a time.
+
+    A stream decord refuses goes to PyAV, which supplies the frames decord had not yet given.
+    """
+    wanted = sorted(set(indices))
+    given = 0
     if decoder == "decord":
         try:
-            return _decode_decord(encoded, indices)
+            for item in _iter_decord(encoded, wanted):
+                yield item
+                given += 1
+            return
         except MediaDecodeError:
             pass
-    return _decode_pyav(encoded, indices)
+    yield from _iter_pyav(encoded, wanted[given:], limits)
+
+
+def decode_frames(encoded: EncodedMedia, indices: list[int], decoder: str,
+                  limits: MediaLimits = DEFAULT_LIMITS) -> np.ndarray:
+    """Frames at `indices` as uint8 [N, H, W, 3] RGB, in the order asked: the full stack, for tests and tools.
+
+    The request path uses mm_infer.media.video_decode.decode_resized, which never holds this stack.
+    """
+    frames = dict(iter_frames(encoded, indices, decoder, limits))
+    return np.stack([frames[i] for i in indices])  # [N, H, W, 3]
