@@ -83,3 +83,12 @@ def read_buckets(entries: list[TensorEntry], bucket_bytes: int) -> Iterator[Buck
         size += entry.nbytes
     if bucket:
         yield bucket
+
+
+def first_nonfinite(entries: list[TensorEntry], bucket_bytes: int) -> str | None:
+    """The name of the first floating-point tensor holding NaN or inf (reads every tensor once, bucket by bucket)."""
+    for bucket in read_buckets(entries, bucket_bytes):
+        for name, tensor in bucket:
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                return name
+    return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import FastAPI
 
 from servers.openai.protocol import PauseRequest, UpdateWeightsFromDiskRequest
@@ -12,7 +14,8 @@ from servers.openai.state import ServerState
 
 def add_admin_routes(app: FastAPI, state: ServerState) -> None:
     gate = state.gate
-    refitter = Refitter(state.backend, gate)
+    default_roots = (Path(state.config.model_dir).resolve().parent,)
+    refitter = Refitter(state.backend, gate, state.config.allowed_weights_paths or default_roots)
 
     @app.post("/pause")
     async def pause(req: PauseRequest | None = None) -> PauseStatus:
@@ -32,7 +35,7 @@ def add_admin_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
         done = await refitter.from_disk(req.model_path, req.weight_version, req.bucket_bytes,
-                                              req.abort_all_requests)
+                                        req.abort_all_requests, req.allow_nonfinite)
         return UpdateWeightsResponse(message=f"loaded {done.num_tensors} tensors from {req.model_path}",
                                      weight_version=done.weight_version, num_tensors=done.num_tensors,
                                      num_buckets=done.num_buckets, num_paused_requests=done.num_paused_requests)

@@ -188,6 +188,7 @@ class UpdateWeightsFromDiskRequest(Strict):
     weight_version: int | None = None  # default: the current version + 1
     bucket_bytes: int | None = Field(default=None, ge=1)
     abort_all_requests: bool = False  # pause in mode "abort" instead of "wait" (when not paused already)
+    allow_nonfinite: bool = False  # load tensors holding NaN or inf (refused by default)
 
 
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:

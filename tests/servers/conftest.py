@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -19,6 +21,7 @@ def server() -> Iterator[BackgroundServer]:
         model_dir=str(CKPT), port=free_port(), api_key=API_KEY, max_body_bytes=4 << 20,
         reasoning_parser="think", tool_parser="hermes",
         fetch=FetchConfig(allowed_media_paths=(MEDIA,), max_bytes=1 << 20),
+        allowed_weights_paths=(CKPT.parent, Path(tempfile.gettempdir())),  # refit tests write under tmp_path
         engine_options={"num_kv_blocks": NUM_BLOCKS, "max_model_len": MAX_MODEL_LEN, "batch_invariant": True})
     srv = BackgroundServer(config).start()
     yield srv

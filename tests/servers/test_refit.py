@@ -118,6 +118,32 @@ def test_refit_rejects_bad_directories_without_loading(server, tmp_path):
     assert not torch.all(norm == 7.0), "a rejected directory must load nothing"
 
 
+def test_refit_reads_only_under_the_allowed_paths(server):
+    """F18: /update_weights_from_disk read any readable directory."""
+    r = _refit(server, "/etc")
+    assert r.status_code == 403 and "--allowed-weights-path" in r.json()["error"]["message"]
+    assert _refit(server, f"{CKPT}/../../../etc").status_code == 403  # resolved before the check
+
+
+def test_non_finite_weights_are_refused_unless_allowed(server, client, tmp_path):
+    """F18: NaN weights were accepted, and every later request sampled garbage."""
+    version = _version(server)
+    bad = tmp_path / "nan"
+    shutil.copytree(CKPT, bad)
+    tensors = load_file(str(CKPT / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].clone()
+    tensors["model.norm.weight"][3] = float("nan")
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    r = _refit(server, bad)
+    assert r.status_code == 400 and "'model.norm.weight'" in r.json()["error"]["message"]
+    assert _version(server) == version and torch.isfinite(server.state.backend.core.model.language.norm.weight).all()
+    try:
+        assert _refit(server, bad, allow_nonfinite=True).status_code == 200
+        assert torch.isnan(server.state.backend.core.model.language.norm.weight).any()
+    finally:
+        assert _refit(server, CKPT).status_code == 200  # the original weights back for the tests after this one
+
+
 def test_reset_prefix_cache_recomputes_but_changes_nothing(server, client):
     core = server.state.backend.core
     _, first, _ = _ask(client)
