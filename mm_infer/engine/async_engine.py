@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.errors import RequestFailedError
+from mm_infer.engine.output_streams import Backpressure, OutputStream
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
@@ -23,8 +24,9 @@ T = TypeVar("T")
 class AsyncEngine:
     """Thread-safe front: generate() yields the request's outputs (per its output_kind) until finished."""
 
-    def __init__(self, core: LLMEngine) -> None:
+    def __init__(self, core: LLMEngine, backpressure: Backpressure | None = None) -> None:
         self.core = core
+        self.backpressure = backpressure or Backpressure()
         self._lock = threading.Lock()  # one step, or one control call (add, abort, refit), at a time
         self._waiters = 0  # control calls waiting for the lock: the loop lets them in before its next step
         self._no_waiters = threading.Condition()
@@ -32,7 +34,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = False
         self.frozen = False  # while True the loop steps nothing: running requests keep their state (pause "keep")
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._streams: dict[str, OutputStream] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="mm-infer-engine", daemon=True)
         self._thread.start()
@@ -53,17 +55,19 @@ class AsyncEngine:
         if not stream:
             params = params.final_only()
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        stream_out = OutputStream(loop)
         req = prompt if isinstance(prompt, VLMRequest) else \
             await loop.run_in_executor(None, self.core.prepare, prompt)  # media work off the event loop
         with self._control():
             self.core.add_request(rid, req, params)
-            self._streams[rid] = (loop, queue)
+            self._streams[rid] = stream_out
         self._wake.set()
         finished = False
         try:
             while True:
-                item = await queue.get()
+                item = await stream_out.queue.get()
+                if stream_out.took(self.core.groups.get(rid), self.backpressure):
+                    self._wake.set()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -88,8 +92,9 @@ class AsyncEngine:
         return self._thread.is_alive() and not self._stop
 
     def stalled_for(self) -> float:
-        """Seconds since the loop last made progress while it had work and was not frozen (0 when fine)."""
-        if self.frozen or not self.core.has_unfinished():
+        """Seconds since the loop last made progress while it had work and was not frozen (0 when fine); requests
+        held back for their slow readers are not work."""
+        if self.frozen or not self.core.has_runnable():
             return 0.0
         return max(time.monotonic() - self.last_progress, 0.0)
 
@@ -123,8 +128,13 @@ class AsyncEngine:
     def _deliver(self, rid: str, item: Any, last: bool) -> None:
         stream = self._streams.pop(rid, None) if last else self._streams.get(rid)
         if stream is not None:
-            loop, queue = stream
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            stream.put(item, None if last else self.core.groups.get(rid), self.backpressure)
+
+    def _abort_stalled(self) -> None:
+        """Requests whose readers stopped reading for too long are aborted (under the lock): their KV is freed."""
+        now = time.monotonic()
+        for rid in [rid for rid, s in self._streams.items() if s.stalled(now, self.backpressure)]:
+            self.core.abort(rid)
 
     def _loop(self) -> None:
         while not self._stop:
@@ -133,7 +143,8 @@ class AsyncEngine:
                     self._no_waiters.wait(timeout=0.1)
             try:
                 with self._lock:
-                    busy = not self.frozen and self.core.has_unfinished()
+                    self._abort_stalled()
+                    busy = not self.frozen and self.core.has_runnable()
                     outputs = self.core.step() if busy else None
                     if busy:
                         self.last_progress = time.monotonic()
@@ -145,7 +156,7 @@ class AsyncEngine:
                     for rid in list(self._streams):
                         self._deliver(rid, exc, True)
                 outputs = None
-            if outputs is None:
+            if outputs is None:  # nothing to run (idle, frozen, or every request held for its reader)
                 self._wake.wait(timeout=0.05)
                 self._wake.clear()
 

@@ -106,6 +106,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
+    def has_runnable(self) -> bool:
+        """A step now could produce something: unfinished requests not all held back by slow readers."""
+        return bool(self._aborted) or self.scheduler.has_runnable()
+
     # --- requests ----------------------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest,

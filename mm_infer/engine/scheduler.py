@@ -54,6 +54,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_runnable(self) -> bool:
+        """A step could make progress: something waits, or runs without being held back (held ones are only
+        skipped while running; a preempted one is recomputed as usual)."""
+        return bool(self.waiting) or any(not s.group.held for s in self.running)
+
     def live_sequences(self) -> list[Sequence]:
         return [*self.running, *self.waiting]
 
@@ -65,6 +70,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.group.held:  # its reader is behind: it keeps its blocks and waits
+                i += 1
+                continue
             n = min(seq.num_pending_tokens, budget)
             if seq.num_computed_tokens < seq.num_prompt_tokens:  # media only lives in the prompt
                 n = self._clip(seq, n, enc_budget, planned)

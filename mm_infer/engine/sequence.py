@@ -41,6 +41,7 @@ class SequenceGroup:
     seqs: list[Sequence] = field(default_factory=list)
     aborted: bool = False
     error: RequestError | None = None  # why the engine failed this request, if it did
+    held: bool = False  # not scheduled (keeps its KV) while its reader is behind: stream backpressure
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
 
     @property

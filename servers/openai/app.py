@@ -111,5 +111,6 @@ def build_app(state: ServerState) -> FastAPI:
     cfg = state.config
     app.add_middleware(ServerMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
                        metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes),
-                       metrics_public=cfg.metrics_public, body_timeout_s=cfg.body_timeout_s)
+                       metrics_public=cfg.metrics_public, body_timeout_s=cfg.body_timeout_s,
+                       closing=lambda: state.gate.closed_reason)
     return app

@@ -11,6 +11,7 @@ import uvicorn
 
 from servers.openai.app import build_app
 from servers.openai.config import ServerConfig
+from servers.openai.shutdown import DrainingServer
 from servers.openai.slow_clients import header_deadline_protocol
 from servers.openai.state import ServerState, build_state
 
@@ -47,7 +48,7 @@ def serve(config: ServerConfig, log_level: str = "info") -> None:
     """Load the model and serve until interrupted."""
     state = build_state(config)
     print(f"mm-infer: serving {config.model_name} on http://{config.host}:{config.port}", flush=True)
-    uvicorn.Server(_uvicorn_config(state, log_level)).run()
+    DrainingServer(_uvicorn_config(state, log_level), state).run()
 
 
 class BackgroundServer:
@@ -55,7 +56,7 @@ class BackgroundServer:
 
     def __init__(self, config: ServerConfig, state: ServerState | None = None) -> None:
         self.state = state or build_state(config)
-        self.server = uvicorn.Server(_uvicorn_config(self.state, "warning"))
+        self.server = DrainingServer(_uvicorn_config(self.state, "warning"), self.state)
         self.thread = threading.Thread(target=self.server.run, name="mm-infer-server", daemon=True)
 
     @property

@@ -8,6 +8,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -52,7 +53,7 @@ class ServerMiddleware:
 
     def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
                  known_paths: frozenset[str] = frozenset(), metrics_public: bool = False,
-                 body_timeout_s: float = 30.0) -> None:
+                 body_timeout_s: float = 30.0, closing: Callable[[], str | None] = lambda: None) -> None:
         self.app = app
         self.known_paths = known_paths  # metric labels: anything else counts as "other"
         self.api_key = api_key
@@ -60,6 +61,7 @@ class ServerMiddleware:
         self.metrics = metrics
         self.open_paths = ALWAYS_OPEN | (INFO_PATHS if metrics_public else frozenset())
         self.body_timeout_s = body_timeout_s
+        self.closing = closing  # the reason new requests are refused with a 503 (shutting down), or None
 
     def _token(self, scope: Scope) -> str | None:
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
@@ -96,6 +98,9 @@ class ServerMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope["path"] if scope["path"] in self.known_paths else "other"
+        if (reason := self.closing()) is not None:
+            await self._refuse(send, path, 503, reason, [(b"connection", b"close")])
+            return
         token = self._token(scope)
         if not self._authorized(scope, token):
             await self._refuse(send, path, 401, "missing or invalid API key (send Authorization: Bearer <key>)",

@@ -19,6 +19,7 @@ class Ticket:
 
     request_id: str
     aborted: bool = False
+    reason: str | None = None  # why it was aborted, for its error body (None: the generic message)
 
 
 class PauseGate:
@@ -33,6 +34,7 @@ class PauseGate:
         self._idle = asyncio.Event()
         self._idle.set()
         self._inflight: dict[str, Ticket] = {}
+        self.closed_reason: str | None = None  # set by close(): no request is admitted again
 
     @property
     def paused(self) -> bool:
@@ -45,8 +47,10 @@ class PauseGate:
     async def admit(self, request_id: str) -> Ticket:
         """Wait while paused, then register the request as in flight (no await between check and register).
         Request ids are unique among requests in flight: a second one is a 400 (it would hide the first's ticket)."""
-        while not self._open.is_set():
+        while not self._open.is_set() and self.closed_reason is None:
             await self._open.wait()
+        if self.closed_reason is not None:
+            raise ApiError(503, self.closed_reason)
         if request_id in self._inflight:
             raise ApiError(400, f"request_id {request_id!r} is already in use by a request in flight",
                            param="request_id")
@@ -67,15 +71,31 @@ class PauseGate:
         count = len(self._inflight)
         await self.engine.set_frozen(mode == "keep")
         if mode == "abort":
-            while self._inflight:  # a request still preparing its prompt is aborted once it reaches the engine
-                for ticket in list(self._inflight.values()):
-                    ticket.aborted = True
-                    self.engine.abort(ticket.request_id)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._idle.wait(), self.abort_poll_s)
+            await self._abort_inflight(None)
         elif mode == "wait":
             await self._idle.wait()
         return count
+
+    async def _abort_inflight(self, reason: str | None) -> None:
+        """Abort every request in flight and wait until each has left."""
+        while self._inflight:  # a request still preparing its prompt is aborted once it reaches the engine
+            for ticket in list(self._inflight.values()):
+                ticket.aborted, ticket.reason = True, ticket.reason or reason
+                self.engine.abort(ticket.request_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.abort_poll_s)
+
+    async def close(self, timeout_s: float, reason: str) -> int:
+        """Shutdown: admit nothing more (503 with `reason`), give the requests in flight up to timeout_s to finish,
+        then abort the rest (their error bodies and events carry `reason`). Returns how many were aborted."""
+        self.closed_reason = reason
+        self._open.set()  # requests held by a pause get their 503 now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        left = len(self._inflight)
+        await self.engine.set_frozen(False)
+        await self._abort_inflight(reason)
+        return left
 
     async def resume(self) -> None:
         await self.engine.set_frozen(False)

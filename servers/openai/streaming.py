@@ -33,13 +33,16 @@ def output_version(state: ServerState, out: RequestOutput | None) -> int:
     return state.backend.weight_version if stamped is None else int(stamped)
 
 
-def aborted_error() -> ApiError:
-    return ApiError(503, "the request was aborted before it finished", type="aborted")
+def aborted_error(reason: str | None = None) -> ApiError:
+    return ApiError(503, reason or "the request was aborted before it finished", type="aborted")
 
 
 def check_not_aborted(out: RequestOutput, ticket: Ticket | None = None) -> RequestOutput:
-    """An aborted generation (by a client, or by a pause in mode "abort") is never answered as a completion."""
-    if any(c.finish_reason == "abort" for c in out.outputs) or (ticket is not None and ticket.aborted):
+    """An aborted generation (by a client, a pause in mode "abort" or a shutdown) is never answered as a
+    completion."""
+    if ticket is not None and ticket.aborted:
+        raise aborted_error(ticket.reason)
+    if any(c.finish_reason == "abort" for c in out.outputs):
         raise aborted_error()
     return out
 
@@ -93,7 +96,7 @@ class Generation:
 
     def _unless_paused_away(self, out: RequestOutput) -> RequestOutput:
         if self.ticket is not None and self.ticket.aborted:
-            raise aborted_error()
+            raise aborted_error(self.ticket.reason)
         return out
 
     async def stream(self) -> AsyncIterator[RequestOutput]:
@@ -162,7 +165,8 @@ async def watch(coro: Awaitable[RequestOutput], disconnected: Disconnected | Non
 
 async def merge_streams(gens: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(index, snapshot) from several started generations as they arrive; closing it closes them all."""
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+    # bounded: a reader that falls behind stops the pumps, so the engine's backpressure holds each generation
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue(maxsize=2 * len(gens))
 
     async def pump(i: int, gen: Generation) -> None:
         try:

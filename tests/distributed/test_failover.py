@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +29,8 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def server(local_ray: None) -> Iterator[BackgroundServer]:
-    config = ServerConfig(model_dir=str(CKPT), port=free_port(), replicas=2, engine_options=OPTIONS)
+    config = ServerConfig(model_dir=str(CKPT), port=free_port(), replicas=2, engine_options=OPTIONS,
+                          allowed_weights_paths=(Path(tempfile.gettempdir()),))  # refits from tmp_path
     srv = BackgroundServer(config).start()
     pool = srv.state.backend
     assert isinstance(pool, ReplicaPool)

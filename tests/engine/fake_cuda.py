@@ -114,6 +114,10 @@ class Readbacks:
         return SampleResult([self.token] * len(seqs), [0.0] * len(seqs), tops, [0] * len(seqs))
 
 
+def _reraise(exc: BaseException):
+    raise exc
+
+
 def _on_fake_cuda(mode: FakeTensorMode) -> Callable[[], AbstractContextManager]:
     def enter() -> AbstractContextManager:
         stack = ExitStack()
@@ -135,6 +139,7 @@ def fake_cuda_engine(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options
     monkeypatch.setenv("MM_INFER_KERNELS", "torch")  # Triton cannot launch on fakes; its kernels have own tests
     monkeypatch.setattr(engine_module, "load_model", _load_on_fake_cuda(mode))
     monkeypatch.setattr(SampledTokens, "readback", lambda self: readbacks(self))
+    monkeypatch.setattr(engine_module, "step_failure", _reraise)  # a device fault fails the test, not one request
     with on_device():
         engine = LLMEngine.from_options(str(model_dir), device="cuda:0", dtype="float32", enforce_eager=True,
                                         **{"num_kv_blocks": 64, **options})

@@ -55,5 +55,6 @@ def test_triton_paged_decode_in_the_engine_gives_the_torch_tokens(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     got = run(LLM(str(CKPT), num_kv_blocks=64, cpu_threads=1), prompts)
     for a, b in zip(got, reference, strict=True):
+        assert a.error is None, a.error.message
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert max(abs(x - y) for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True)) < 1e-4

@@ -1,9 +1,12 @@
-"""A failure inside step() ends only the request it is blamed on; the loop serves everyone else exactly as before."""
+"""A failure inside step() ends only the request it is blamed on, and a slow reader only its own request; the loop
+serves everyone else exactly as before."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +16,8 @@ from mm_infer import SamplingParams
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.errors import RequestFailedError
+from mm_infer.engine.output_streams import Backpressure
+from mm_infer.engine.sampling import RequestOutputKind
 
 GREEDY = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
 
@@ -131,3 +136,56 @@ def test_async_engine_raises_for_the_failed_request_only(engine):
         aengine.shutdown()
     assert good.outputs[0].finish_reason == "length"
     assert isinstance(bad, RequestFailedError) and bad.status == 500 and "injected fault" in str(bad)
+
+
+def _reader(aengine: AsyncEngine, rid: str, params: SamplingParams):
+    return aengine.generate("a slow reader", params, rid)
+
+
+def test_a_slow_reader_holds_its_request_without_losing_a_token(engine):
+    """F2: an unread stream grew memory without bound; now its request waits (KV kept) and resumes exactly."""
+    params = SamplingParams(max_tokens=60, min_tokens=60, temperature=0.0)
+    engine.add_request("ref", "a slow reader", params)
+    expected = _drain(engine)["ref"].outputs[0].token_ids
+    aengine = AsyncEngine(engine, Backpressure(high=4, low=2, stall_timeout_s=60))
+
+    async def main():
+        gen = _reader(aengine, "slow", replace(params, output_kind=RequestOutputKind.DELTA))
+        ids = list((await gen.__anext__()).outputs[0].token_ids)
+        deadline = time.monotonic() + 30
+        while not engine.groups["slow"].held:  # the reader stopped: the engine holds the request
+            assert time.monotonic() < deadline, "the request was never held"
+            await asyncio.sleep(0.01)
+        generated = len(engine.groups["slow"].seqs[0].output_token_ids)
+        await asyncio.sleep(0.3)
+        assert len(engine.groups["slow"].seqs[0].output_token_ids) == generated <= 1 + 4 + 1
+        assert aengine.stalled_for() == 0.0  # a held request is not a stalled engine
+        async for out in gen:  # reading again releases it
+            ids += out.outputs[0].token_ids
+        return ids
+
+    try:
+        assert asyncio.run(main()) == expected
+    finally:
+        aengine.shutdown()
+
+
+def test_a_reader_that_stops_for_good_is_aborted_and_its_kv_freed(engine):
+    aengine = AsyncEngine(engine, Backpressure(high=3, low=1, stall_timeout_s=0.3))
+    params = SamplingParams(max_tokens=200, min_tokens=200, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+
+    async def main():
+        gen = _reader(aengine, "gone", params)
+        await gen.__anext__()
+        deadline = time.monotonic() + 30
+        while "gone" in engine.groups:
+            assert time.monotonic() < deadline, "the stalled request was never aborted"
+            await asyncio.sleep(0.05)
+        reasons = [out.outputs[0].finish_reason async for out in gen]
+        return reasons[-1]
+
+    try:
+        assert asyncio.run(main()) == "abort"
+    finally:
+        aengine.shutdown()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -17,6 +17,8 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG = 48  # tokens: long enough to be caught in flight on a slow CPU
 # tokens for requests a pause in mode "abort" must catch: they cannot finish before /pause lands, however loaded
 RUNAWAY = 900
+# tokens for requests a pause in mode "wait" or "keep" must catch in flight and then compare with the oracle
+CAUGHT = 300
 PROMPT = "Count slowly:"
 
 
@@ -90,7 +92,7 @@ def test_abort_ends_a_stream_with_an_error_event(server, pool):
 
 
 def test_wait_lets_in_flight_requests_finish_first(server, client, llm, pool):
-    running = pool.submit(_complete, client)
+    running = pool.submit(_complete, client, CAUGHT)
     _until_generating(server, running)
     r = _post(server, "/pause", mode="wait")
     try:
@@ -98,7 +100,7 @@ def test_wait_lets_in_flight_requests_finish_first(server, client, llm, pool):
         assert not server.state.backend.core.groups, "pause(wait) returns only once in-flight requests finished"
         out = running.result(timeout=60)
         assert out.choices[0].finish_reason == "length"
-        ref = llm.generate({"prompt": PROMPT}, SamplingParams(temperature=0, max_tokens=LONG, min_tokens=LONG),
+        ref = llm.generate({"prompt": PROMPT}, SamplingParams(temperature=0, max_tokens=CAUGHT, min_tokens=CAUGHT),
                            use_tqdm=False)[0]
         assert out.choices[0].model_extra["token_ids"] == ref.outputs[0].token_ids
         waiting = pool.submit(_complete, client, 3)
@@ -110,7 +112,7 @@ def test_wait_lets_in_flight_requests_finish_first(server, client, llm, pool):
 
 
 def test_keep_freezes_in_flight_requests_until_resume(server, client, llm, pool):
-    running = pool.submit(_complete, client)
+    running = pool.submit(_complete, client, CAUGHT)
     _until_generating(server, running)
     r = _post(server, "/pause", mode="keep")
     try:
@@ -118,7 +120,7 @@ def test_keep_freezes_in_flight_requests_until_resume(server, client, llm, pool)
         time.sleep(0.1)  # a step already under way may still land
         frozen = _generated(server)
         time.sleep(0.4)
-        assert _generated(server) == frozen < LONG, "nothing may be generated while kept"
+        assert _generated(server) == frozen < CAUGHT, "nothing may be generated while kept"
         assert not running.done()
         waiting = pool.submit(_complete, client, 3)
         time.sleep(0.2)
@@ -126,7 +128,7 @@ def test_keep_freezes_in_flight_requests_until_resume(server, client, llm, pool)
     finally:
         _resume(server)
     out = running.result(timeout=60)
-    ref = llm.generate({"prompt": PROMPT}, SamplingParams(temperature=0, max_tokens=LONG, min_tokens=LONG),
+    ref = llm.generate({"prompt": PROMPT}, SamplingParams(temperature=0, max_tokens=CAUGHT, min_tokens=CAUGHT),
                        use_tqdm=False)[0]
     assert out.choices[0].model_extra["token_ids"] == ref.outputs[0].token_ids  # resumed exactly where it was
     assert waiting.result(timeout=60).choices[0].finish_reason == "length"
@@ -159,7 +161,7 @@ def test_pause_rejects_unknown_modes_and_defaults_to_abort(server):
 
 @pytest.mark.parametrize("abort", [False, True])
 def test_refit_while_running_waits_or_aborts_then_resumes(server, client, pool, abort):
-    running = pool.submit(_complete, client)
+    running = pool.submit(_complete, client, CAUGHT)
     _until_generating(server, running)
     refit = _post(server, "/update_weights_from_disk", model_path=str(CKPT), abort_all_requests=abort)
     assert refit.status_code == 200 and refit.json()["num_paused_requests"] == 1
