@@ -56,6 +56,8 @@ def check_stops(stop: str | list[str] | None) -> None:
     if long := [s for s in stops if len(s) > MAX_STOP_CHARS]:
         raise ApiError(400, f"a stop string of {len(long[0])} characters is over the limit of {MAX_STOP_CHARS}",
                        param="stop")
+    if any(_SURROGATE.search(s) for s in stops):
+        raise ApiError(400, "a stop string has a lone UTF-16 surrogate: it is not valid Unicode", param="stop")
 
 
 def check_logit_bias(bias: dict[str, float] | None) -> None:

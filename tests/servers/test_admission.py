@@ -87,6 +87,7 @@ def test_text_too_long_for_the_context_is_refused_before_tokenizing(server):
     ("/v1/chat/completions", chat("a\ud800b")),
     ("/v1/chat/completions", chat([{"type": "text", "text": "\udfff"}])),
     ("/v1/completions", completion(prompt="x\ud800")),
+    ("/v1/completions", completion(stop=["\udbff"])),
     ("/tokenize", {"prompt": "\ud800"}),
     ("/v1/responses", {"input": "hi \ud800", "max_output_tokens": 2}),
 ])
