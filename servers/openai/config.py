@@ -51,6 +51,11 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # ... and its headers within this of the connection (or of the last response)
     shutdown_timeout_s: float = 30.0  # on SIGTERM, in-flight requests get this long before they end with an error
     allowed_weights_paths: tuple[Path, ...] | None = None  # refits from disk; None: the model folder's parent
+    # vLLM drop-in (issue 17): set by the CLI, applied by the request pipeline
+    extra_served_names: tuple[str, ...] = ()  # further --served-model-name values (the first is served_model_name)
+    chat_template: str | None = None  # --chat-template: the template text (a file's content or the string given)
+    generation_config: str = "auto"  # "auto": the checkpoint's generation_config.json defaults; "vllm": none; or DIR
+    limit_mm_per_prompt: dict[str, int] | None = None  # {"image": 4, "video": 1}: a 400 naming the modality past it
 
     @property
     def model_name(self) -> str:
