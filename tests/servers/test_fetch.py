@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from local_http import serve_locally
 from server_cases import MEDIA
 
 from mm_infer.media import MediaTooLargeError
@@ -49,12 +49,8 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def http_url() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    thread.join(timeout=5)
+    with serve_locally(Handler) as url:
+        yield url
 
 
 def fetch(config: FetchConfig, url: str, **kw) -> bytes:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from local_http import serve_locally
 
 from servers.openai.config import FetchConfig
 from servers.openai.media import MediaFetcher
@@ -48,12 +48,8 @@ class Drip(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def drip_url() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Drip)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    thread.join(timeout=5)
+    with serve_locally(Drip) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path", ["/body", "/headers"])
