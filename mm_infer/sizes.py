@@ -1,4 +1,4 @@
-"""Byte sizes as people write them: 4GiB, 512MiB, 1.5G, 2e9 or a plain integer."""
+"""Sizes as people write them: bytes (4GiB, 512MiB, 1.5G, 2e9) and vLLM's counts (32k, 32K, 1m)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,32 @@ def format_size(num_bytes: int) -> str:
         if abs(num_bytes) >= scale:
             return f"{num_bytes / scale:.2f} {unit}"
     return f"{num_bytes} B"
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_human_int(value: str) -> int:
+    """vLLM's human_readable_int: lower-case suffixes are powers of 1000 ('32k' -> 32000, '25.6k' -> 25600),
+    upper-case ones powers of 1024 ('32K' -> 32768, whole numbers only); anything else must be a plain int."""
+    text = value.strip()
+    match = _HUMAN_INT.fullmatch(text)
+    if match is None:
+        return int(text)
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise ValueError(f"decimals are not allowed with binary suffixes like {suffix}: "
+                         f"did you mean {number}{suffix.lower()}?")
+    return int(number) * _BINARY[suffix]
+
+
+def parse_cli_bytes(value: str) -> int:
+    """A byte count on the command line: vLLM's form where it applies ('4G' = 4 GiB, '4g' = 4e9, '1.5G' refused),
+    else parse_size's ('4GiB', '512MiB', '2e9')."""
+    if _HUMAN_INT.fullmatch(value.strip()) or value.strip().isdigit():
+        return parse_human_int(value)
+    return parse_size(value)
