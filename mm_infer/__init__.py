@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": "mm_infer.llm",
     "SamplingParams": "mm_infer.engine.sampling",
+    "StructuredOutputsParams": "mm_infer.structured.params",
     "RequestOutput": "mm_infer.engine.outputs",
     "CompletionOutput": "mm_infer.engine.outputs",
     "LLMEngine": "mm_infer.engine.engine",

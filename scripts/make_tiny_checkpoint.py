@@ -1,7 +1,7 @@
-"""Write deterministic, randomly initialised Qwen2-VL / Qwen2.5-VL checkpoints in full HF format.
+"""Write deterministic, randomly initialised Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints in full HF format.
 
 Usage:
-  python scripts/make_tiny_checkpoint.py                      # both tiny checkpoints under assets/models/
+  python scripts/make_tiny_checkpoint.py                      # all tiny checkpoints under assets/models/
   python scripts/make_tiny_checkpoint.py --preset tiny-qwen2-vl --out /tmp/x
   python scripts/make_tiny_checkpoint.py --preset qwen2-vl-2b --out /tmp/qwen2-vl-2b-random
 
@@ -9,6 +9,8 @@ Presets:
   tiny-qwen2-vl    Qwen2VLForConditionalGeneration, untied head, legacy tensor names (model.*, visual.*)
   tiny-qwen2.5-vl  Qwen2_5_VLForConditionalGeneration, tied head, new names (model.language_model.*, ...),
                    window attention (fullatt_block_indexes=[1, 3], window_size=56)
+  tiny-qwen3-vl    Qwen3VLForConditionalGeneration, tied head, DeepStack, learned position grid (scripts/tiny_qwen3.py)
+  tiny-qwen3-vl-moe  Qwen3VLMoeForConditionalGeneration: 8 experts top-2 (fused hub layout), layer 1 dense
   qwen2-vl-2b      real Qwen2-VL-2B dimensions (1536 hidden, 28 layers, 675M-param vision tower, vocab
                    151936 of which the tiny tokenizer uses 3008), random weights, bfloat16 on disk
                    (~4.4 GB, ~2 min and ~6 GB RAM on 2 cores); not committed, for speed/memory experiments.
@@ -25,6 +27,7 @@ import json
 import sysconfig
 from pathlib import Path
 
+import tiny_qwen3
 import torch
 from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
@@ -77,7 +80,7 @@ PRESETS: dict[str, dict] = {
         vision=dict(depth=32, embed_dim=1280, heads=16, mlp_ratio=4),
         max_pixels=12845056, video_max_pixels=12845056,
     ),
-}
+} | tiny_qwen3.PRESETS
 
 
 def train_tokenizer(files: list[Path], vocab_size: int) -> Tokenizer:
@@ -229,7 +232,8 @@ def random_state_dict(spec: dict, tokenizer_vocab: int, seed: int) -> dict[str, 
     """Seeded normal init: matrices N(0, std), norm weights 1 + N(0, 0.1), biases N(0, 0.02)."""
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
-    for name, shape in tensor_shapes(spec, spec["vocab_size"] or tokenizer_vocab).items():
+    shapes_of = tiny_qwen3.tensor_shapes if spec["layout"] == "hub" else tensor_shapes
+    for name, shape in shapes_of(spec, spec["vocab_size"] or tokenizer_vocab).items():
         is_norm = "norm" in name or "ln_q" in name
         if is_norm and name.endswith(".weight"):
             x = 1.0 + 0.1 * torch.randn(shape, generator=gen)
@@ -263,7 +267,8 @@ def write_checkpoint(preset: str, out_dir: Path, seed: int) -> None:
     tokenizer = train_tokenizer(corpus_files(), spec["bpe_vocab"])
     token_ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
     vocab_size = tokenizer.get_vocab_size()
-    config = build_hf_config(spec, vocab_size, token_ids)
+    qwen3 = spec["layout"] == "hub"
+    config = (tiny_qwen3.build_hf_config if qwen3 else build_hf_config)(spec, vocab_size, token_ids)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     gen = {
         "bos_token_id": token_ids["<|endoftext|>"],
@@ -272,7 +277,7 @@ def write_checkpoint(preset: str, out_dir: Path, seed: int) -> None:
     }
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     write_tokenizer_files(tokenizer, out_dir)
-    write_processor_files(spec, out_dir)
+    (tiny_qwen3.write_processor_files if qwen3 else write_processor_files)(spec, out_dir)
     tensors = random_state_dict(spec, vocab_size, seed)
     dtype = getattr(torch, spec["save_dtype"])
     tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
@@ -284,11 +289,11 @@ def write_checkpoint(preset: str, out_dir: Path, seed: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="one preset; default: both tiny ones")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="one preset; default: all tiny ones")
     parser.add_argument("--out", type=Path, help="output folder (default assets/models/<preset>)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    presets = [args.preset] if args.preset else ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
+    presets = [args.preset] if args.preset else ["tiny-qwen2-vl", "tiny-qwen2.5-vl", *tiny_qwen3.PRESETS]
     if args.out is not None and len(presets) != 1:
         parser.error("--out needs --preset")
     for preset in presets:

@@ -13,6 +13,7 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from mm_infer.config import EngineConfig
+from mm_infer.distributed.counters import pool_counters
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
 from mm_infer.distributed.media_refs import MediaRefCache
 from mm_infer.distributed.router import Router, affinity_key
@@ -24,7 +25,7 @@ from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import Bucket, DeltaTracker, wants_deltas
+from mm_infer.serving import Bucket, DeltaTracker, engine_gauges, wants_deltas
 
 
 def ensure_ray(config: PoolConfig) -> bool:
@@ -228,20 +229,15 @@ class ReplicaPool:
 
     # observability
     def engine_gauges(self) -> dict[str, float]:
-        """Sums of the replicas' last health-check gauges, plus routing and replica counts."""
+        """Sums of the replicas' last health-check gauges and of their counters (carried over restarts, so they
+        never go down), plus routing and replica counts."""
         slots = self.supervisor.slots
-        total = {k: 0.0 for k in ("waiting", "running", "free_blocks", "num_blocks", "prefix_query_tokens",
-                                   "prefix_hit_tokens", "encoder_cache_hits", "encoder_calls", "preemptions")}
-        for slot in slots:
-            for k in total:
-                total[k] += float(slot.gauges.get(k, 0))
+        now = {k: sum(float(s.gauges.get(k, 0)) for s in slots)
+               for k in ("num_waiting", "num_running", "free_blocks", "num_blocks")}
+        with self.supervisor.lock:
+            counted = pool_counters(self.supervisor.counters)
         stats = self.router.stats
-        return {"num_requests_waiting": total["waiting"], "num_sequences_running": total["running"],
-                "kv_blocks_free": total["free_blocks"], "kv_blocks_total": total["num_blocks"],
-                "prefix_cache_query_tokens": total["prefix_query_tokens"],
-                "prefix_cache_hit_tokens": total["prefix_hit_tokens"],
-                "encoder_cache_hits": total["encoder_cache_hits"], "encoder_calls": total["encoder_calls"],
-                "preemptions": total["preemptions"], "replicas": float(len(slots)),
+        return {**engine_gauges({**now, **counted}), "replicas": float(len(slots)),
                 "replicas_up": float(sum(s.state == "up" for s in slots)),
                 "replica_restarts": float(sum(s.restarts for s in slots)),
                 "router_affinity_hit_rate": stats.hit_rate, "router_spills": float(stats.spills)}

@@ -10,6 +10,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
+from mm_infer.distributed.counters import SlotCounters, fold_reading
 from mm_infer.distributed.errors import describe_failure
 from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.replica import EngineReplica
@@ -31,6 +32,7 @@ class Supervisor:
         self.config = config
         self.router = router
         self.slots = [ReplicaSlot(i) for i in range(config.num_replicas)]
+        self.counters = [SlotCounters() for _ in self.slots]  # per slot, carried over restarts (under `lock`)
         self.journal = WeightJournal()
         self.frozen = False
         self.lock = threading.RLock()
@@ -151,6 +153,8 @@ class Supervisor:
             self.mark_down(slot.index, incarnation, f"health check failed: {describe_failure(exc)}")
             return
         slot.gauges = gauges
+        with self.lock:
+            self.counters[slot.index] = fold_reading(self.counters[slot.index], incarnation, gauges)
         if not gauges.get("alive", False):
             self.mark_down(slot.index, incarnation, "its engine loop stopped")
         elif gauges.get("stalled_s", 0.0) > self.config.stall_timeout_s:

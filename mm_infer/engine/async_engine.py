@@ -58,6 +58,8 @@ class AsyncEngine:
         stream_out = OutputStream(loop)
         req = prompt if isinstance(prompt, VLMRequest) else \
             await loop.run_in_executor(None, self.core.prepare, prompt)  # media work off the event loop
+        if params.structured_outputs is not None:  # compile (or fail: a 400) off the step lock; add_request hits it
+            await loop.run_in_executor(None, self.core.compile_grammar, params)
         with self._control():
             self.core.add_request(rid, req, params)
             self._streams[rid] = stream_out

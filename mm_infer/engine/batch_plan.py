@@ -84,7 +84,8 @@ class BatchPlan:
             self.prefill.append((row, req, chunk.start, chunk.end))
         for r in seq.items_in(chunk.start, chunk.end):
             lo, hi = max(chunk.start, r.offset), min(chunk.end, r.end)
-            self.media.append(MediaSlice(row + lo - chunk.start, lo - r.offset, hi - lo, req.items[r.item_index]))
+            self.media.append(MediaSlice(row + lo - chunk.start, lo - r.offset + r.item_offset, hi - lo,
+                                         req.items[r.item_index]))
         if chunk.samples:
             self.sample_rows.append(row + chunk.num_tokens - 1)
         if seq.params.prompt_logprobs is not None:

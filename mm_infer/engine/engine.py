@@ -30,6 +30,7 @@ from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
+from mm_infer.structured.grammars import Grammars
 
 __all__ = ["LLMEngine", "resolve_dtype"]
 
@@ -58,6 +59,7 @@ class LLMEngine:
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = frozenset(special.eos_ids)
+        self.grammars = Grammars(lambda: self.tokenizer, config.model_dir, self.runtime.vocab_size, special.eos_ids)
         self.groups: dict[str, SequenceGroup] = {}
         self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
@@ -122,14 +124,21 @@ class LLMEngine:
         if len(req.prompt_token_ids) >= self.runtime.max_model_len:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
                               f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)")
+        grammar = self.compile_grammar(params)  # an invalid spec fails here, before anything is queued
         group = SequenceGroup(request_id, params, req, metrics=RequestMetrics(time.perf_counter()))
-        group.seqs = [self._new_sequence(group, i) for i in range(params.n)]  # all built before any is queued
+        group.seqs = [self._new_sequence(group, i, grammar) for i in range(params.n)]  # all built before queuing
         for seq in group.seqs:
             self.scheduler.add(seq)
         self.groups[request_id] = group
 
-    def _new_sequence(self, group: SequenceGroup, index: int) -> Sequence:
+    def compile_grammar(self, params: SamplingParams) -> Any:
+        """The request's compiled grammar (cached per spec; call it off the step lock to warm the cache), or None;
+        GrammarError (a 400) for an invalid spec."""
+        return self.grammars.compile(params.structured_outputs)
+
+    def _new_sequence(self, group: SequenceGroup, index: int, grammar: Any) -> Sequence:
         seq = Sequence(group, group.request.prompt_token_ids, index)
+        seq.matcher = self.grammars.matcher(grammar)  # n samples share the compiled grammar, one matcher each
         p = seq.params
         seq.seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
         if p.stop_list or (p.detokenize and p.output_kind is not RequestOutputKind.FINAL_ONLY):
@@ -195,6 +204,8 @@ class LLMEngine:
         return None
 
     def _append(self, seq: Sequence, token: int, logprob: float, top: dict[int, float] | None) -> None:
+        if seq.matcher is not None and not seq.matcher.accept_token(token):
+            raise RuntimeError(f"the grammar rejected sampled token {token}")
         seq.token_ids.append(token)
         seq.logprobs.append(logprob)
         seq.cumulative_logprob += logprob
@@ -203,6 +214,8 @@ class LLMEngine:
         if seq.detok is not None:
             seq.last_text_chars = len(seq.detok.push(seq.token_ids))
         stop = check_stop(seq, token, self.eos_ids, self._max_new(seq))
+        if stop is None and seq.matcher is not None and seq.matcher.is_terminated():
+            stop = ("stop", None)  # the grammar took its stop token (under ignore_eos too): the output is complete
         if stop is not None:
             seq.stop_reason = stop[1]
             self.scheduler.finish(seq, stop[0])

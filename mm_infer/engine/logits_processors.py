@@ -14,6 +14,27 @@ from mm_infer.engine.sampling_batch import SamplingBatch
 NEG_INF = float("-inf")
 
 
+def unpack_bitmask(bitmask: Tensor, vocab: int) -> Tensor:
+    """[G, W] int32 bitmask (bit t%32 of word t//32 set: token t allowed) -> [G, vocab] bool; ids past W*32 are not
+    allowed (the lm_head may be wider than the grammar's vocab)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+    bits = torch.bitwise_and(torch.bitwise_right_shift(bitmask[:, :, None], shifts), 1)  # [G, W, 32]
+    allowed = bits.bool().reshape(bitmask.shape[0], -1)  # [G, W*32]
+    if allowed.shape[1] >= vocab:
+        return allowed[:, :vocab]
+    return torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+
+
+def apply_grammar(x: Tensor, batch: SamplingBatch) -> None:
+    """Tokens a row's grammar forbids next -> -inf; rows without a grammar untouched."""
+    rows = batch.grammar_rows
+    if not rows:
+        return
+    allowed = unpack_bitmask(batch.grammar_bitmask(x.shape[1]), x.shape[1])  # [G, V]
+    idx = batch.index(rows)
+    x[idx] = x[idx].masked_fill(allowed.logical_not(), NEG_INF)
+
+
 def mask_tokens(x: Tensor, batch: SamplingBatch, never_sample: list[int], eos_ids: list[int]) -> None:
     """Pad tokens never; logit_bias added; stop and EOS ids blocked until min_tokens."""
     if never_sample:

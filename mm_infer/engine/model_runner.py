@@ -13,6 +13,7 @@ from mm_infer.engine.decode_graphs import DecodeGraphs
 from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext
 from mm_infer.engine.scheduler import ScheduledChunk
+from mm_infer.models.language import DeepStack
 from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.mrope import decode_positions
 from mm_infer.prompt.request import MediaItem, VLMRequest
@@ -36,8 +37,10 @@ class StepOutput:
 
     sample_chunks: list[ScheduledChunk]
     sample_logits: Tensor  # [S, V] float32
-    # seq_id -> (first scored prompt index, logprob of each actual token, top-k alternatives or None)
-    prompt_logprobs: dict[int, tuple[int, list[float], list[dict[int, float]] | None]] = field(default_factory=dict)
+    # seq_id -> (first scored prompt index, logprob of each actual token, top-k alternatives or None, rank of each
+    # actual token: 1 + how many other tokens score at least as high, vLLM's count)
+    prompt_logprobs: dict[int, tuple[int, list[float], list[dict[int, float]] | None, list[int]]] = field(
+        default_factory=dict)
 
 
 def _pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -173,14 +176,16 @@ class ModelRunner:
                                      self._to_device(ctx_slots), plan.spans, groups)
         return self._to_device(input_ids), pos.to(self.device, non_blocking=True), attn
 
-    def _embed(self, plan: BatchPlan, input_ids: Tensor) -> Tensor:
-        """Token embeddings [Np, D] with each media slice's vision embeddings written over its pad rows."""
+    def _embed(self, plan: BatchPlan, input_ids: Tensor) -> tuple[Tensor, DeepStack | None]:
+        """Token embeddings [Np, D] with each media slice's vision embeddings written over its pad rows, and
+        the DeepStack features of those rows (Qwen3-VL; None for the others)."""
         embeds = self.model.embed_tokens(input_ids)  # [Np, D]
-        if plan.media:
-            vision = self.encode_items([m.item for m in plan.media])
-            for m in plan.media:
-                embeds[m.row:m.row + m.count] = vision[m.item.content_hash][m.first:m.first + m.count]
-        return embeds
+        if not plan.media:
+            return embeds, None
+        vision = self.encode_items([m.item for m in plan.media])
+        rows = np.concatenate([np.arange(m.row, m.row + m.count) for m in plan.media])  # [K]
+        features = torch.cat([vision[m.item.content_hash][m.first:m.first + m.count] for m in plan.media])  # [K, W]
+        return self.model.embed_media(embeds, self._to_device(rows), features)
 
     def _score_prompt(self, plan: BatchPlan, logits: Tensor, out: StepOutput) -> None:
         """Prompt logprobs (own token and top-k) from the score rows, which follow the sample rows in `logits`."""
@@ -194,8 +199,9 @@ class ModelRunner:
             if k:
                 values, idx = torch.topk(lps, k, dim=-1)  # [count, k]
                 tops = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), values.tolist(), strict=True)]
-            own = lps.gather(1, targets[:, None])[:, 0].tolist()
-            out.prompt_logprobs[seq.seq_id] = (s.first_target, own, tops)
+            own = lps.gather(1, targets[:, None])  # [count, 1]
+            ranks = (lps >= own).sum(dim=-1)  # [count]: the token itself counts, so the most likely has rank 1
+            out.prompt_logprobs[seq.seq_id] = (s.first_target, own[:, 0].tolist(), tops, ranks.tolist())
             row += s.count
 
     @torch.inference_mode()
@@ -207,7 +213,8 @@ class ModelRunner:
         if self.graphs is not None and DecodeGraphs.accepts(plan, self.graphs.sizes[-1]):
             return StepOutput(plan.sample_chunks, self.graphs.run(plan))
         input_ids, positions, attn = self._inputs(plan)
-        hidden = self.model.forward_hidden(self._embed(plan, input_ids), positions, attn)  # [Np, D]
+        embeds, deepstack = self._embed(plan, input_ids)
+        hidden = self.model.forward_hidden(embeds, positions, attn, deepstack)  # [Np, D]
         rows = self._to_device(plan.sample_rows + plan.score_rows)
         logits = self.model.compute_logits(_pad_rows(hidden[rows], self.min_rows))[:rows.shape[0]]  # [R, V] float32
         out = StepOutput(plan.sample_chunks, logits[:len(plan.sample_rows)])

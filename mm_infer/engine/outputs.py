@@ -41,6 +41,7 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: list[float | None] | None = None  # each prompt token's own logprob (first: None)
     prompt_top_logprobs: list[dict[int, float] | None] | None = None  # top-k when prompt_logprobs=k > 0
+    prompt_ranks: list[int | None] | None = None  # each prompt token's rank (1: the most likely; first: None)
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -104,6 +105,7 @@ def make_output(group: SequenceGroup, decode: Decode) -> RequestOutput:
         request_id=group.request_id, prompt=req.prompt_text, prompt_token_ids=req.prompt_token_ids, outputs=outs,
         finished=group.finished, prompt_logprobs=list(first.prompt_logprobs) if scored else None,
         prompt_top_logprobs=list(first.prompt_top_logprobs) if first.params.prompt_logprobs else None,
+        prompt_ranks=list(first.prompt_ranks) if scored else None,
         metrics=group.metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs), error=group.error)
 
 

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mm_infer.engine.logits_processors import apply_penalties, apply_temperature, mask_tokens, truncate
+from mm_infer.engine.logits_processors import (
+    apply_grammar,
+    apply_penalties,
+    apply_temperature,
+    mask_tokens,
+    truncate,
+)
 from mm_infer.engine.random_draws import uniforms
 from mm_infer.engine.sampling_batch import SamplingBatch
 from mm_infer.engine.sequence import Sequence
@@ -90,7 +96,8 @@ class Sampler:
         self.eos_ids = list(eos_ids)
 
     def process(self, logits: Tensor, batch: SamplingBatch) -> Tensor:
-        """Processed logits [S, V], written over `logits`: masks, bias, penalties, temperature, truncation."""
+        """Processed logits [S, V], written over `logits`: grammar, masks, bias, penalties, temperature, truncation."""
+        apply_grammar(logits, batch)
         mask_tokens(logits, batch, self.never_sample, self.eos_ids)
         apply_penalties(logits, batch)
         apply_temperature(logits, batch)

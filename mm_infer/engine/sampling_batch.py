@@ -31,6 +31,7 @@ class SamplingBatch:
     penalty_rows: list[int]
     processed_rows: list[int]  # logprobs_mode == processed_logprobs
     max_top_logprobs: int  # the largest `logprobs` asked for (0: none)
+    grammar_rows: list[int]  # structured outputs: a grammar matcher masks the row's tokens
 
     @staticmethod
     def build(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
@@ -44,6 +45,7 @@ class SamplingBatch:
             penalty_rows=_rows([p.has_penalties for p in ps]),
             processed_rows=_rows([p.logprobs_mode == "processed_logprobs" for p in ps]),
             max_top_logprobs=max((p.logprobs or 0 for p in ps), default=0),
+            grammar_rows=_rows([s.matcher is not None for s in seqs]),
         )
 
     def index(self, rows: list[int]) -> Tensor:
@@ -62,6 +64,14 @@ class SamplingBatch:
         seeds = self.tensor([seed_to_int64(self.seqs[i].seed) for i in rows], torch.long)
         steps = self.tensor([self.seqs[i].num_output_tokens for i in rows], torch.long)
         return seeds, steps
+
+    def grammar_bitmask(self, vocab: int) -> Tensor:
+        """[G, ceil(vocab/32)] int32 on the device: each grammar row's allowed next tokens, filled on the host from
+        its matcher's state (no device read) and moved in one copy."""
+        from mm_infer.structured.compiler import fill_bitmask  # loaded already: the rows' grammars were compiled
+
+        return fill_bitmask([self.seqs[i].matcher for i in self.grammar_rows], vocab).to(self.device,
+                                                                                          non_blocking=True)
 
     def padded_ids(self, rows: list[int], vocab: int, *, outputs_only: bool) -> Tensor:
         """[R, L] long token ids of each row (prompt + output, or output only), padded with `vocab`."""

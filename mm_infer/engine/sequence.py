@@ -7,7 +7,7 @@ import hashlib
 import itertools
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mm_infer.engine.errors import RequestError
 from mm_infer.engine.sampling import SamplingParams
@@ -81,11 +81,13 @@ class Sequence:
         self.top_logprobs: list[dict[int, float]] = []
         self.prompt_logprobs: list[float | None] = []  # None for the first token
         self.prompt_top_logprobs: list[dict[int, float] | None] = []
+        self.prompt_ranks: list[int | None] = []  # rank of each prompt token (1: the most likely)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.seed = 0  # the stream of this sample's random draws (set by the engine: the request's seed + index)
         self.num_preemptions = 0
         self.detok: IncrementalDetokenizer | None = None  # set by the engine when text is wanted per step
+        self.matcher: Any = None  # xgrammar GrammarMatcher of a structured-output sample (set by the engine)
         self.last_text_chars = 0  # characters the last token committed
         self.stop_checked = False  # stop strings searched once over the whole text (at min_tokens)
         self.final_text: str | None = None  # the whole text, assembled once when the sample ends
@@ -116,14 +118,17 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def add_prompt_logprobs(self, first: int, logprobs: list[float], tops: list[dict[int, float]] | None) -> None:
+    def add_prompt_logprobs(self, first: int, logprobs: list[float], tops: list[dict[int, float]] | None,
+                            ranks: list[int] | None = None) -> None:
         """Scores of prompt tokens first, first+1, ... (chunks arrive in order; the first token has none)."""
         if not self.prompt_logprobs:
             self.prompt_logprobs.append(None)
             self.prompt_top_logprobs.append(None)
+            self.prompt_ranks.append(None)
         assert first == len(self.prompt_logprobs), "prompt logprobs out of order"
         self.prompt_logprobs.extend(logprobs)
         self.prompt_top_logprobs.extend(tops or [None] * len(logprobs))
+        self.prompt_ranks.extend(ranks or [None] * len(logprobs))
 
     def items_in(self, start: int, end: int) -> list[PlaceholderRange]:
         """Placeholder ranges that intersect token positions [start, end)."""
@@ -133,12 +138,17 @@ class Sequence:
         hi = bisect_right([r.offset for r in ranges], end - 1)
         return [r for r in ranges[:hi] if r.end > start]
 
+    def _root_hash(self) -> bytes:
+        """Seed of the hash chain: a request's cache_salt (vLLM's) keeps its blocks apart from unsalted ones."""
+        salt = getattr(self.group.request, "cache_salt", None)
+        return b"root" if salt is None else b"salt:" + salt.encode("utf-8", "surrogatepass")
+
     def block_hash(self, block_idx: int, block_size: int) -> bytes:
         """Chained hash of full block block_idx: parent hash, token ids, and media in the block."""
         while len(self.block_hashes) <= block_idx:
             i = len(self.block_hashes)
             start, end = i * block_size, (i + 1) * block_size
-            h = hashlib.blake2b(self.block_hashes[-1] if i else b"root", digest_size=16)
+            h = hashlib.blake2b(self.block_hashes[-1] if i else self._root_hash(), digest_size=16)
             h.update(repr(self.token_ids[start:end]).encode())
             for r in self.items_in(start, end):  # same text + different media never collide
                 h.update(f"|{r.modality}:{r.content_hash}:{max(start - r.offset, 0)}".encode())

@@ -10,8 +10,8 @@ import torch
 
 from mm_infer.media.errors import MediaInvalidError, MediaTooLargeError
 
-Sampler = Literal["qwen", "hf", "vllm"]
-SAMPLERS: tuple[str, ...] = ("qwen", "hf", "vllm")
+Sampler = Literal["qwen", "hf", "vllm", "qwen3"]
+SAMPLERS: tuple[str, ...] = ("qwen", "hf", "vllm", "qwen3")
 
 QWEN_MIN_FRAMES = 4
 QWEN_MAX_FRAMES = 768
@@ -63,6 +63,12 @@ def sample_indices(sampler: str, total: int, video_fps: float, *, fps: float = 2
         if n < 1 or n > total:
             raise MediaInvalidError(f"cannot sample {n} frames from a video of {total} frames")
         return torch.arange(0, total, total / n).int().tolist()
+    if sampler == "qwen3":  # transformers' Qwen3VLVideoProcessor.sample_frames: no rounding to the temporal patch
+        n = num_frames if num_frames is not None else min(max(int(total / video_fps * fps), QWEN_MIN_FRAMES),
+                                                          max_frames, total)
+        if n < 1:
+            raise MediaInvalidError(f"num_frames must be positive, got {n}")
+        return np.linspace(0, total - 1, n).round().astype(int).tolist()
     if sampler == "vllm":
         n = num_frames if num_frames is not None else VLLM_DEFAULT_FRAMES
         if n < 1:
@@ -71,6 +77,19 @@ def sample_indices(sampler: str, total: int, video_fps: float, *, fps: float = 2
             return list(range(total))
         return np.linspace(0, total - 1, n, dtype=int).tolist()
     raise MediaInvalidError(f"unknown frame sampler '{sampler}', expected one of {SAMPLERS}")
+
+
+def frame_timestamps(indices: list[int], fps: float, temporal_patch: int = 2) -> list[float]:
+    """Seconds of each temporal patch, as Qwen3VLProcessor: indices padded with the last one to a multiple of the
+    patch, then the mean of each patch's first and last frame time (index / container fps)."""
+    idx = list(indices) + [indices[-1]] * (-len(indices) % temporal_patch)
+    seconds = [i / fps for i in idx]
+    return [(seconds[i] + seconds[i + temporal_patch - 1]) / 2 for i in range(0, len(seconds), temporal_patch)]
+
+
+def timestamp_text(seconds: float) -> str:
+    """The text Qwen3VLProcessor writes before a temporal patch."""
+    return f"<{seconds:.1f} seconds>"
 
 
 def check_indices(indices: list[int], total: int, *, max_sampled: int) -> list[int]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +53,15 @@ class PatchSpec:
     def normalizer(self, backend: Backend) -> Normalize:
         """The kernels/ normalisation of this spec with `backend`'s float arithmetic."""
         return Normalize(self.image_mean, self.image_std, backend, self.rescale_factor)
+
+    @staticmethod
+    def from_config(cfg: Mapping[str, Any]) -> PatchSpec:
+        """The spec a preprocessor_config.json describes (Qwen3-VL: patch 16, mean = std = 0.5); Qwen2-VL's defaults."""
+        d = PatchSpec()
+        return PatchSpec(int(cfg.get("patch_size", d.patch_size)),
+                         int(cfg.get("temporal_patch_size", d.temporal_patch_size)),
+                         int(cfg.get("merge_size", d.merge_size)), tuple(cfg.get("image_mean", d.image_mean)),
+                         tuple(cfg.get("image_std", d.image_std)), float(cfg.get("rescale_factor", d.rescale_factor)))
 
 
 DEFAULT_SPEC = PatchSpec()

@@ -10,12 +10,12 @@ import torch
 from PIL import Image
 
 from mm_infer.media.errors import MediaDecodeError, MediaInvalidError, MediaTooLargeError, MediaUnsupportedError
-from mm_infer.media.frame_sampling import check_indices, sample_indices
+from mm_infer.media.frame_sampling import check_indices, frame_timestamps, sample_indices
 from mm_infer.media.image import check_pil_image, open_image, to_rgb
 from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
 from mm_infer.media.packed import PackedTensor
 from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, frames_to_rows
-from mm_infer.media.resize import resize_frames_torch, resize_image_pil, smart_resize
+from mm_infer.media.resize import resize_frames_torch, resize_image_pil, smart_resize, smart_resize_clip
 from mm_infer.media.sources import MediaInput, array_digest, is_encoded, options_digest, pil_digest, read_encoded
 from mm_infer.media.video import VideoInfo, check_decode_budget, choose_decoder, probe
 from mm_infer.media.video_decode import decode_resized
@@ -47,6 +47,7 @@ class VideoOptions:
     decoder: str = "auto"
     backend: str = "torchvision"
     spec: PatchSpec = DEFAULT_SPEC
+    family: str = "qwen2"  # "qwen3": one frame size per clip, the pixel budget over all frames (Qwen3VLVideoProcessor)
 
 
 @dataclass
@@ -63,6 +64,10 @@ class VideoMetadata:
     @property
     def duration(self) -> float:
         return self.total_num_frames / self.fps if self.fps > 0 else 0.0
+
+    def timestamps(self, temporal_patch: int = 2) -> list[float]:
+        """Seconds of each temporal patch (the "<t seconds>" of Qwen3-VL prompts)."""
+        return frame_timestamps(self.frame_indices, self.fps, temporal_patch)
 
 
 def _check_backend(backend: str) -> None:
@@ -136,6 +141,14 @@ def _frame_list(item: Sequence | np.ndarray) -> np.ndarray:
     return np.stack(frames)
 
 
+def _frame_size(opts: VideoOptions, n_frames: int, height: int, width: int) -> tuple[int, int]:
+    """Target (h, w) of every frame of a clip of n_frames sampled frames."""
+    if opts.family == "qwen3":
+        return smart_resize_clip(n_frames, height, width, opts.spec.factor, opts.spec.temporal_patch_size,
+                                 opts.min_pixels, opts.max_pixels)
+    return smart_resize(height, width, opts.spec.factor, opts.min_pixels, _frame_budget(opts, n_frames))
+
+
 def _frame_budget(opts: VideoOptions, n_frames: int) -> int:
     """Per-frame max_pixels; with total_pixels, an even share of the budget as qwen-vl-utils computes it."""
     if opts.total_pixels is None:
@@ -169,10 +182,9 @@ def _encoded_video(item: MediaInput, opts: VideoOptions,
     indices = _sampled_indices(info, opts, limits, encoded.origin)
     check_decode_budget(encoded.origin, info, indices, limits)
     decoder = choose_decoder(opts.decoder, info)
-    frame_max_pixels = _frame_budget(opts, len(indices))
 
     def target(height: int, width: int) -> tuple[int, int]:
-        return smart_resize(height, width, opts.spec.factor, opts.min_pixels, frame_max_pixels)
+        return _frame_size(opts, len(indices), height, width)
 
     frames = decode_resized(encoded, indices, decoder, target, opts.backend, limits)  # [T, 3, h, w] uint8
     sample_fps = len(indices) / info.total_frames * info.fps
@@ -192,7 +204,7 @@ def _listed_video(item: Sequence | np.ndarray | torch.Tensor, opts: VideoOptions
     n = len(frames)
     meta = VideoMetadata(n, opts.fps, list(range(n)), opts.fps, tp / opts.fps, "frames")
     height, width = frames.shape[1:3]
-    size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, _frame_budget(opts, n))
+    size = _frame_size(opts, n, height, width)
     return _to_pixels(frames, size, opts.backend, opts.spec), meta, array_digest(frames)
 
 
@@ -219,25 +231,31 @@ def check_item_count(n: int, limits: MediaLimits) -> None:
 
 def preprocess_images(images: Sequence[MediaInput] | MediaInput, *, min_pixels: int | None = None,
                       max_pixels: int | None = None, backend: str = "torchvision", exif_transpose: bool = True,
-                      limits: MediaLimits = DEFAULT_LIMITS) -> PackedTensor:
-    """Images (bytes, data URLs, paths, PIL images or uint8 arrays) -> PackedTensor, HF-bit-exact."""
+                      limits: MediaLimits = DEFAULT_LIMITS, spec: PatchSpec = DEFAULT_SPEC) -> PackedTensor:
+    """Images (bytes, data URLs, paths, PIL images or uint8 arrays) -> PackedTensor, HF-bit-exact.
+
+    `spec`: patch geometry and mean/std (PatchSpec.from_config of the checkpoint; Qwen2-VL's by default)."""
     items = list(images) if isinstance(images, (list, tuple)) else [images]
     check_item_count(len(items), limits)
     opts = ImageOptions(min_pixels if min_pixels is not None else IMAGE_MIN_PIXELS,
-                        max_pixels if max_pixels is not None else IMAGE_MAX_PIXELS, backend, exif_transpose)
+                        max_pixels if max_pixels is not None else IMAGE_MAX_PIXELS, backend, exif_transpose, spec)
     return PackedTensor.concat([process_image(it, opts, limits) for it in items])
 
 
 def preprocess_videos(videos: Sequence[MediaInput] | MediaInput, *, sampler: str = "qwen", fps: float = 2.0,
                       num_frames: int | None = None, frame_indices: Sequence[int] | None = None,
                       min_pixels: int | None = None, max_pixels: int | None = None, total_pixels: int | None = None,
-                      decoder: str = "auto", backend: str = "torchvision",
-                      limits: MediaLimits = DEFAULT_LIMITS) -> tuple[PackedTensor, list[VideoMetadata]]:
-    """Videos (bytes, data URLs, paths, or lists/arrays of frames) -> (PackedTensor, metadata per video)."""
+                      decoder: str = "auto", backend: str = "torchvision", limits: MediaLimits = DEFAULT_LIMITS,
+                      spec: PatchSpec = DEFAULT_SPEC, family: str = "qwen2",
+                      ) -> tuple[PackedTensor, list[VideoMetadata]]:
+    """Videos (bytes, data URLs, paths, or lists/arrays of frames) -> (PackedTensor, metadata per video).
+
+    Qwen3-VL: family="qwen3", sampler="qwen3" and the checkpoint's spec, as its Qwen3VLVideoProcessor."""
     items = [videos] if is_encoded(videos) or isinstance(videos, np.ndarray) else list(videos)
     check_item_count(len(items), limits)
     opts = VideoOptions(sampler, fps, num_frames, tuple(frame_indices) if frame_indices is not None else None,
                         min_pixels if min_pixels is not None else VIDEO_MIN_PIXELS,
-                        max_pixels if max_pixels is not None else VIDEO_MAX_PIXELS, total_pixels, decoder, backend)
+                        max_pixels if max_pixels is not None else VIDEO_MAX_PIXELS, total_pixels, decoder, backend,
+                        spec, family)
     results = [process_video(it, opts, limits) for it in items]
     return PackedTensor.concat([p for p, _ in results]), [m for _, m in results]

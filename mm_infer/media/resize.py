@@ -38,6 +38,35 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     return h_bar, w_bar
 
 
+def smart_resize_clip(num_frames: int, height: int, width: int, factor: int = 32, temporal_factor: int = 2,
+                      min_pixels: int = 128 * 32 * 32, max_pixels: int = 32 * 32 * 768) -> tuple[int, int]:
+    """Qwen3-VL's video smart_resize: one frame size for the clip, the pixel budget counting every frame.
+
+    As transformers' Qwen3VLVideoProcessor: frames under `factor` are first scaled up; the area test uses
+    the frame count rounded to `temporal_factor`, the rescale the count itself.
+    """
+    if num_frames < temporal_factor:
+        raise MediaInvalidError(f"a video needs at least {temporal_factor} frames, got {num_frames}")
+    if height < 1 or width < 1:
+        raise MediaInvalidError(f"video frame size {width}x{height} is empty")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise MediaInvalidError(f"absolute aspect ratio must be at most {MAX_ASPECT_RATIO} ({width}x{height})")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 def resize_frames_torch(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """uint8 [T, 3, H, W] -> uint8 [T, 3, h, w] with torch's native uint8 antialiased bicubic.
 

@@ -1,4 +1,4 @@
-"""Frozen model config dataclasses parsed from an HF Qwen2-VL / Qwen2.5-VL config.json."""
+"""Frozen model config dataclasses parsed from an HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL (MoE) config.json."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from mm_infer.models.errors import UnknownArchitectureError, UnsupportedConfigEr
 ARCHITECTURES = {
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
 }
+QWEN3 = ("qwen3_vl", "qwen3_vl_moe")
 
 
 @dataclass(frozen=True)
 class VisionConfig:
-    kind: str  # "qwen2_vl" (LayerNorm + QuickGELU MLP) or "qwen2_5_vl" (RMSNorm + SwiGLU, windows)
+    kind: str  # "qwen2_vl" (LayerNorm + QuickGELU MLP), "qwen2_5_vl" (RMSNorm + SwiGLU, windows), "qwen3_vl"
     depth: int
     embed_dim: int  # width of the vision blocks
     num_heads: int
@@ -32,6 +35,8 @@ class VisionConfig:
     window_size: int = 0  # 2.5 only
     fullatt_block_indexes: tuple[int, ...] = ()  # 2.5 only
     tokens_per_second: int | None = None  # 2.5 only
+    num_position_embeddings: int = 0  # 3 only: learned square position grid, interpolated per item
+    deepstack_visual_indexes: tuple[int, ...] = ()  # 3 only: blocks whose merged features feed the first LM layers
 
     @property
     def head_dim(self) -> int:
@@ -54,10 +59,31 @@ class TextConfig:
     rope_theta: float
     mrope_section: tuple[int, int, int]
     hidden_act: str = "silu"
+    attention_bias: bool = True  # q/k/v biases (Qwen2); Qwen3 has none
+    qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head before the rotary
+    mrope_interleaved: bool = False  # Qwen3-VL: frequencies cycle t, h, w instead of contiguous sections
+    head_dim_override: int | None = None  # Qwen3 configs name head_dim (may differ from hidden / heads)
+    moe: MoEConfig | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_dim_override or self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Qwen3-VL-MoE sparse MLP: softmax router, top-k renormalised, experts fused per layer."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer: int) -> bool:
+        """HF's rule for which decoder layers hold a sparse MLP."""
+        return (layer not in self.mlp_only_layers and self.num_experts > 0
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
 
 @dataclass(frozen=True)
@@ -74,11 +100,22 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] | None
 
 
-def _text_config(raw: dict[str, Any]) -> TextConfig:
+def _moe_config(t: dict[str, Any]) -> MoEConfig | None:
+    experts = t.get("num_experts") or t.get("num_local_experts")  # transformers 5 saves the latter name
+    if not experts:
+        return None
+    return MoEConfig(experts, t["num_experts_per_tok"], t["moe_intermediate_size"],
+                     t.get("decoder_sparse_step", 1), tuple(t.get("mlp_only_layers") or ()))
+
+
+def _text_config(raw: dict[str, Any], kind: str) -> TextConfig:
     t = raw.get("text_config") or raw
+    qwen3 = kind in QWEN3
     rope = t.get("rope_parameters") or t.get("rope_scaling") or raw.get("rope_scaling") or {}
-    theta = rope.get("rope_theta", t.get("rope_theta", raw.get("rope_theta", 1000000.0)))
-    section = tuple(rope.get("mrope_section", (16, 24, 24)))
+    theta = rope.get("rope_theta", t.get("rope_theta", raw.get("rope_theta", 500000.0 if qwen3 else 1000000.0)))
+    section = tuple(rope.get("mrope_section", (24, 20, 20) if qwen3 else (16, 24, 24)))
+    if qwen3 and rope.get("mrope_interleaved") is False:  # HF's Qwen3-VL always interleaves
+        raise UnsupportedConfigError("Qwen3-VL with mrope_interleaved=false is not supported")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "mrope"):
         raise UnsupportedConfigError(f"rope_type {rope_type!r} is not supported (only plain M-RoPE)")
@@ -96,6 +133,11 @@ def _text_config(raw: dict[str, Any]) -> TextConfig:
         rope_theta=float(theta),
         mrope_section=section,  # type: ignore[arg-type]
         hidden_act=t.get("hidden_act", "silu"),
+        attention_bias=bool(t.get("attention_bias", False)) if qwen3 else True,
+        qk_norm=qwen3,
+        mrope_interleaved=qwen3,
+        head_dim_override=t.get("head_dim", 128) if qwen3 else None,
+        moe=_moe_config(t) if kind == "qwen3_vl_moe" else None,
     )
     if 2 * sum(cfg.mrope_section) != cfg.head_dim:
         raise ValueError(f"mrope_section {cfg.mrope_section} does not cover head_dim {cfg.head_dim}")
@@ -103,11 +145,12 @@ def _text_config(raw: dict[str, Any]) -> TextConfig:
 
 
 def _vision_config(kind: str, v: dict[str, Any], text_hidden: int) -> VisionConfig:
+    kind = "qwen3_vl" if kind in QWEN3 else kind  # one vision tower for dense and MoE
     common = dict(
         kind=kind,
         depth=v["depth"],
         num_heads=v["num_heads"],
-        patch_size=v.get("patch_size", 14),
+        patch_size=v.get("patch_size", 16 if kind == "qwen3_vl" else 14),
         temporal_patch_size=v.get("temporal_patch_size", 2),
         in_channels=v.get("in_channels", v.get("in_chans", 3)),
         spatial_merge_size=v.get("spatial_merge_size", 2),
@@ -120,6 +163,16 @@ def _vision_config(kind: str, v: dict[str, Any], text_hidden: int) -> VisionConf
             mlp_hidden=int(embed * v.get("mlp_ratio", 4)),
             hidden_act=v.get("hidden_act", "quick_gelu"),
             out_dim=v.get("hidden_size", text_hidden),
+            **common,
+        )
+    if kind == "qwen3_vl":
+        return VisionConfig(
+            embed_dim=v["hidden_size"],
+            mlp_hidden=v["intermediate_size"],
+            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
+            out_dim=v.get("out_hidden_size", text_hidden),
+            num_position_embeddings=v.get("num_position_embeddings", 2304),
+            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", (8, 16, 24))),
             **common,
         )
     return VisionConfig(
@@ -146,7 +199,7 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
             )
         arch = by_type[raw["model_type"]]
     kind = ARCHITECTURES[arch]
-    text = _text_config(raw)
+    text = _text_config(raw, kind)
     t = raw.get("text_config") or {}
     tie = bool(raw.get("tie_word_embeddings", False) or t.get("tie_word_embeddings", False))
     eos = t.get("eos_token_id", raw.get("eos_token_id"))

@@ -89,15 +89,24 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def mrope_cos_sin(
-    positions: Tensor, inv_freq: Tensor, mrope_section: tuple[int, ...], dtype: torch.dtype
+    positions: Tensor, inv_freq: Tensor, mrope_section: tuple[int, ...], dtype: torch.dtype,
+    interleaved: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """positions [3, N] (t, h, w) -> cos, sin [N, head_dim] in `dtype`.
 
     Frequency chunk i of sizes `mrope_section` takes its angle from position row i % 3; the
-    chunks are concatenated and then duplicated to cover both rotate_half halves.
+    chunks are concatenated and then duplicated to cover both rotate_half halves. Interleaved
+    (Qwen3-VL): frequency j takes row h if j % 3 == 1 and j < 3 * section[1], w likewise with
+    j % 3 == 2, else t (plain slices, as HF: no index tensor, so CUDA-graph safe).
     """
     freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [3, N, d/2]
-    chunks = freqs.split(list(mrope_section), dim=-1)
-    freqs = torch.cat([c[i % 3] for i, c in enumerate(chunks)], dim=-1)  # [N, d/2]
+    if interleaved:
+        mixed = freqs[0].clone()  # [N, d/2]
+        for axis in (1, 2):
+            mixed[:, axis:3 * mrope_section[axis]:3] = freqs[axis, :, axis:3 * mrope_section[axis]:3]
+        freqs = mixed
+    else:
+        chunks = freqs.split(list(mrope_section), dim=-1)
+        freqs = torch.cat([c[i % 3] for i, c in enumerate(chunks)], dim=-1)  # [N, d/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [N, d]
     return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from math import prod
 from pathlib import Path
 
 import torch
@@ -14,6 +16,13 @@ from mm_infer.models.errors import MissingTensorError, ShapeMismatchError, Unexp
 from mm_infer.models.qwen2_vl import QwenVLModel
 
 PATCH_EMBED = "visual.patch_embed.weight"
+EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")  # fused [E, out, in]; the hub stores [E, in, out]
+_MERGERS = r"^(visual\.(?:merger|deepstack_merger_list\.\d+))\."
+# Qwen3-VL vision names -> the shared Qwen2-VL modules they load into
+RENAMES = ((re.compile(r"^(visual\.blocks\.\d+\.mlp)\.linear_fc([12])\."), r"\1.fc\2."),
+           (re.compile(_MERGERS + r"norm\."), r"\1.ln_q."),
+           (re.compile(_MERGERS + r"linear_fc1\."), r"\1.mlp.0."),
+           (re.compile(_MERGERS + r"linear_fc2\."), r"\1.mlp.2."))
 
 
 # HF projection name -> (our fused module, part index)
@@ -63,9 +72,29 @@ def _hf_name(name: str) -> str | None:
         name = "language." + name[len("model.") :]
     if name == "visual.patch_embed.proj.weight":
         return PATCH_EMBED
+    if name == "visual.patch_embed.proj.bias":
+        return "visual.patch_embed.bias"
     if name.endswith("rotary_emb.inv_freq") or name.endswith("rotary_pos_emb.inv_freq"):
         return None
+    for pattern, repl in RENAMES:
+        name = pattern.sub(repl, name)
     return name
+
+
+def _conversion(name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> str | None:
+    """How a stored tensor of `shape` fills a parameter (view) of shape `want`: copy, flatten, transpose or None."""
+    if shape == want:
+        return "copy"
+    if name == PATCH_EMBED and prod(shape) == prod(want):
+        return "flatten"  # Conv3d [D, C, T, ph, pw] -> [D, C*T*ph*pw]
+    if name.endswith(EXPERTS) and len(shape) == 3 and (shape[0], shape[2], shape[1]) == want:
+        return "transpose"  # the hub's fused experts; transformers keeps a tensor that already fits as is
+    return None
+
+
+def tensor_fits(name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """Whether a stored tensor of `shape` can fill our parameter `name` of shape `want` (for refit planning)."""
+    return _conversion(name, tuple(shape), tuple(want)) is not None
 
 
 def load_state_dict_into(
@@ -92,12 +121,13 @@ def load_state_dict_into(
             if name not in params:
                 raise UnexpectedTensorError(f"checkpoint tensor {hf_name!r} maps to no parameter ({name!r})")
             view = target_view(model, params, name, part)
-            if name == PATCH_EMBED:
-                tensor = tensor.reshape(tensor.shape[0], -1)  # Conv3d [D, C, T, ph, pw] -> [D, C*T*ph*pw]
-            if tuple(tensor.shape) != tuple(view.shape):
+            how = _conversion(name, tuple(tensor.shape), tuple(view.shape))
+            if how is None:
                 raise ShapeMismatchError(
                     f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(view.shape)}"
                 )
+            if how != "copy":
+                tensor = tensor.reshape(view.shape) if how == "flatten" else tensor.transpose(1, 2)
             if adopt and part is None and _adoptable(tensor, view):
                 view.data = tensor
             else:

@@ -1,4 +1,4 @@
-"""Top-level Qwen2-VL / Qwen2.5-VL model: vision tower + merger, M-RoPE LM, and the LM head."""
+"""Top-level Qwen2-VL / Qwen2.5-VL / Qwen3-VL model: vision tower + merger, M-RoPE LM (DeepStack), LM head."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ from torch import Tensor, nn
 
 from mm_infer.models.attention import AttentionContext, DenseAttentionContext
 from mm_infer.models.config import ModelConfig
-from mm_infer.models.language import TextModel
+from mm_infer.models.language import DeepStack, TextModel
 from mm_infer.models.vision import Qwen2VisionTower
+from mm_infer.models.vision_qwen3 import Qwen3VisionTower
 from mm_infer.models.vision_qwen25 import Qwen25VisionTower
+
+TOWERS: dict[str, type[nn.Module]] = {"qwen2_vl": Qwen2VisionTower, "qwen2_5_vl": Qwen25VisionTower,
+                                      "qwen3_vl": Qwen3VisionTower}
 
 
 def scatter_embeddings(inputs_embeds: Tensor, mask: Tensor, embeds: Tensor, what: str = "media") -> Tensor:
@@ -29,8 +33,8 @@ class QwenVLModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        tower = Qwen25VisionTower if config.kind == "qwen2_5_vl" else Qwen2VisionTower
-        self.visual = tower(config.vision)
+        self.visual = TOWERS[config.vision.kind](config.vision)
+        self.deepstack_layers = len(config.vision.deepstack_visual_indexes)  # 0 before Qwen3-VL
         self.language = TextModel(config.text)
         self.lm_head = (
             None
@@ -51,7 +55,7 @@ class QwenVLModel(nn.Module):
         return self.language.embed_tokens(input_ids)
 
     def encode_vision(self, pixel_values: Tensor, grid_thw: Tensor | list) -> Tensor:
-        """pixel_values [P, C*T*ph*pw], grid_thw [M, 3] -> [sum(t*h*w)/merge^2, D] (images or videos).
+        """pixel_values [P, C*T*ph*pw], grid_thw [M, 3] -> [sum(t*h*w)/merge^2, (1 + deepstack_layers) * D].
 
         The grid is host metadata: pass a list to keep a device tensor's grid from costing a host sync.
         """
@@ -61,9 +65,24 @@ class QwenVLModel(nn.Module):
             raise ValueError(f"grid_thw covers {patches} patches, got {pixel_values.shape[0]}")
         return self.visual(pixel_values.to(self.device, self.dtype), grid)
 
-    def forward_hidden(self, inputs_embeds: Tensor, positions: Tensor, ctx: AttentionContext) -> Tensor:
+    def split_vision(self, vision: Tensor) -> tuple[Tensor, Tensor | None]:
+        """encode_vision rows [K, (1 + L) * D] -> (embeddings [K, D], DeepStack features [L, K, D] or None)."""
+        if self.deepstack_layers == 0:
+            return vision, None
+        d = self.config.text.hidden_size
+        return vision[:, :d], vision[:, d:].reshape(vision.shape[0], self.deepstack_layers, d).transpose(0, 1)
+
+    def embed_media(self, embeds: Tensor, rows: Tensor, vision: Tensor) -> tuple[Tensor, DeepStack | None]:
+        """Write vision rows [K, (1 + L) * D] over embeds [N, D] at rows [K]; the DeepStack input (or None)."""
+        main, deep = self.split_vision(vision)
+        embeds = embeds.clone()
+        embeds[rows] = main.to(embeds.dtype)
+        return embeds, None if deep is None else DeepStack(rows, deep)
+
+    def forward_hidden(self, inputs_embeds: Tensor, positions: Tensor, ctx: AttentionContext,
+                       deepstack: DeepStack | None = None) -> Tensor:
         """inputs_embeds [N, D], positions [3, N] -> final-normed hidden states [N, D]."""
-        return self.language(inputs_embeds, positions.to(inputs_embeds.device), ctx)
+        return self.language(inputs_embeds, positions.to(inputs_embeds.device), ctx, deepstack)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, D] -> float32 logits [N, V] (tied head reuses the embedding matrix)."""
@@ -87,10 +106,17 @@ class QwenVLModel(nn.Module):
             (pixel_values, image_grid_thw, self.config.image_token_id, "image"),
             (pixel_values_videos, video_grid_thw, self.config.video_token_id, "video"),
         )
+        rows, deep = [], []
         for pixels, grid, token_id, what in media:
             if pixels is not None:
                 if grid is None:
                     raise ValueError(f"{what} pixel values given without a grid_thw")
-                embeds = scatter_embeddings(embeds, input_ids == token_id, self.encode_vision(pixels, grid), what)
+                mask = input_ids == token_id
+                main, features = self.split_vision(self.encode_vision(pixels, grid))
+                embeds = scatter_embeddings(embeds, mask, main, what)
+                if features is not None:
+                    rows.append(mask.nonzero()[:, 0])
+                    deep.append(features)  # [L, K, D]
+        deepstack = DeepStack(torch.cat(rows), torch.cat(deep, dim=1)) if deep else None
         ctx = ctx if ctx is not None else DenseAttentionContext([input_ids.shape[0]])
-        return self.compute_logits(self.forward_hidden(embeds, positions, ctx))
+        return self.compute_logits(self.forward_hidden(embeds, positions, ctx, deepstack))

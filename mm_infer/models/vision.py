@@ -18,14 +18,18 @@ def vision_cos_sin(cfg: VisionConfig, grid_thw: list[list[int]], device: torch.d
 
 
 class PatchEmbed(nn.Module):
-    """Holds the Conv3d kernel flattened to [D, C*T*ph*pw]; HF's 5-D kernel is reshaped at load time."""
+    """Holds the Conv3d kernel flattened to [D, C*T*ph*pw]; HF's 5-D kernel is reshaped at load time.
 
-    def __init__(self, patch_dim: int, embed_dim: int) -> None:
+    Qwen3-VL's Conv3d has a bias; Qwen2 / 2.5's have none."""
+
+    def __init__(self, patch_dim: int, embed_dim: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(embed_dim, patch_dim))
+        self.bias = nn.Parameter(torch.empty(embed_dim)) if bias else None
 
     def forward(self, pixel_values: Tensor) -> Tensor:  # [P, patch_dim] -> [P, D]
-        return K.patch_embed_rows(pixel_values, self.weight)
+        x = K.patch_embed_rows(pixel_values, self.weight)
+        return x if self.bias is None else x + self.bias
 
 
 class VisionAttention(nn.Module):
@@ -68,16 +72,20 @@ class VisionBlock(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    """norm, then each merge x merge block of patches concatenated -> MLP -> LM hidden size."""
+    """norm, then each merge x merge block of patches concatenated -> MLP -> LM hidden size.
 
-    def __init__(self, embed_dim: int, out_dim: int, merge: int, ln_q: nn.Module) -> None:
+    postshuffle (Qwen3-VL DeepStack mergers): the norm runs on the concatenated block instead."""
+
+    def __init__(self, embed_dim: int, out_dim: int, merge: int, ln_q: nn.Module, postshuffle: bool = False) -> None:
         super().__init__()
-        self.merge = merge
+        self.merge, self.postshuffle = merge, postshuffle
         self.ln_q = ln_q
         hidden = embed_dim * merge * merge
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
 
     def forward(self, x: Tensor) -> Tensor:  # [P, E] -> [P/merge^2, out_dim]
+        if self.postshuffle:
+            return self.mlp(self.ln_q(K.merge_units(x, self.merge)))
         return self.mlp(K.merge_units(self.ln_q(x), self.merge))
 
 

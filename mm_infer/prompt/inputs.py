@@ -12,7 +12,7 @@ from mm_infer.prompt.request import MediaItem
 
 # the keys of a prompt dict (vLLM's shape) that the library accepts
 PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "messages", "multi_modal_data", "mm_processor_kwargs",
-                         "media_tokens_preexpanded", "chat_template_kwargs"})
+                         "media_tokens_preexpanded", "chat_template_kwargs", "cache_salt"})
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class PromptInput:
     videos: Sequence[MediaItem] = field(default_factory=list)
     media_tokens_preexpanded: bool = False
     chat_template_kwargs: Mapping[str, Any] | None = None  # may set add_generation_prompt (default True)
+    cache_salt: str | None = None  # prefix-cache hits only among requests with the same salt (vLLM's)
 
     def __post_init__(self) -> None:
         given = [name for name in ("text", "token_ids", "messages") if getattr(self, name) is not None]
@@ -55,4 +56,4 @@ def parse_prompt(prompt: str | Mapping[str, Any], defaults: MediaDefaults) -> Pr
     return PromptInput(text=prompt.get("prompt"), token_ids=prompt.get("prompt_token_ids"),
                        messages=prompt.get("messages"), images=images, videos=videos,
                        media_tokens_preexpanded=bool(prompt.get("media_tokens_preexpanded", False)),
-                       chat_template_kwargs=prompt.get("chat_template_kwargs"))
+                       chat_template_kwargs=prompt.get("chat_template_kwargs"), cache_salt=prompt.get("cache_salt"))

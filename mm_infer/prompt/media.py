@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from mm_infer.config import MediaConfig
+from mm_infer.media.frame_sampling import frame_timestamps
 from mm_infer.media.packed import PackedTensor
+from mm_infer.media.patchify import DEFAULT_SPEC, PatchSpec
+from mm_infer.media.processor import ImageOptions, VideoMetadata, VideoOptions
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.request import MediaItem, items_from_packed
 
@@ -27,6 +30,18 @@ class MediaDefaults:
     video_max_pixels: int | None
     video_fps: float
     temporal_patch_size: int = 2
+    spec: PatchSpec = DEFAULT_SPEC  # patch geometry and mean/std of preprocessor_config.json
+    qwen3_video: bool = False  # Qwen3VLVideoProcessor: its sampling, clip-level resize and frame timestamps
+
+    def processor_options(self) -> tuple[ImageOptions, VideoOptions]:
+        """Base options of a MediaProcessor for this checkpoint (callers override the pixel bounds)."""
+        video = VideoOptions(sampler="qwen3", spec=self.spec, family="qwen3") if self.qwen3_video else VideoOptions(
+            spec=self.spec)
+        return ImageOptions(spec=self.spec), video
+
+    def timestamps(self, metas: list[VideoMetadata]) -> list[list[float]] | None:
+        """Each video's temporal-patch seconds where the prompt writes them (Qwen3-VL), else None."""
+        return [m.timestamps(self.temporal_patch_size) for m in metas] if self.qwen3_video else None
 
 
 def _pixels(cfg: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -45,7 +60,8 @@ def media_defaults(model_dir: str | Path, media: MediaConfig) -> MediaDefaults:
     return MediaDefaults(
         media.image_min_pixels or imin, media.image_max_pixels or imax, media.video_min_pixels or vmin,
         media.video_max_pixels or vmax, float(video.get("fps", media.video_fps)),
-        int(image.get("temporal_patch_size", 2)))
+        int(image.get("temporal_patch_size", 2)), PatchSpec.from_config(image),
+        video.get("video_processor_type") == "Qwen3VLVideoProcessor")
 
 
 def _as_list(x: Any) -> list[Any]:
@@ -61,7 +77,7 @@ def image_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[M
     opts = {k: kw[k] for k in IMAGE_KWARGS if k in kw}
     opts.setdefault("min_pixels", d.image_min_pixels)
     opts.setdefault("max_pixels", d.image_max_pixels)
-    return items_from_packed("image", preprocess_images(_as_list(sources), **opts))
+    return items_from_packed("image", preprocess_images(_as_list(sources), spec=d.spec, **opts))
 
 
 def video_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[MediaItem]:
@@ -72,11 +88,16 @@ def video_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[M
         seconds = [float(s) for s in _as_list(seconds)]
         if len(seconds) != len(sources):
             raise PromptError(f"{len(seconds)} second_per_grid_ts values for {len(sources)} videos")
-        return items_from_packed("video", sources, seconds)
+        stamps = ([frame_timestamps(list(range(int(n))), fps, d.temporal_patch_size) for n in sources.num_frames]
+                  if d.qwen3_video else None)  # frames taken as sampled at `fps`
+        return items_from_packed("video", sources, seconds, stamps)
     from mm_infer.media import preprocess_videos
 
     opts = {k: kw[k] for k in ("num_frames", "frame_indices", "total_pixels", "sampler", "decoder") if k in kw}
+    if d.qwen3_video:
+        opts.setdefault("sampler", "qwen3")
     packed, meta = preprocess_videos(_as_list(sources), fps=fps,
                                      min_pixels=kw.get("video_min_pixels", d.video_min_pixels),
-                                     max_pixels=kw.get("video_max_pixels", d.video_max_pixels), **opts)
-    return items_from_packed("video", packed, [m.second_per_grid_ts for m in meta])
+                                     max_pixels=kw.get("video_max_pixels", d.video_max_pixels), spec=d.spec,
+                                     family="qwen3" if d.qwen3_video else "qwen2", **opts)
+    return items_from_packed("video", packed, [m.second_per_grid_ts for m in meta], d.timestamps(meta))

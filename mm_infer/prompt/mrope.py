@@ -76,12 +76,14 @@ def positions_for_runs(num_tokens: int, runs: Sequence[tuple[int, Sequence[int],
 def mrope_from_placeholders(num_tokens: int, placeholders: Sequence[PlaceholderRange], items: Sequence[Any],
                             merge: int, tokens_per_second: float | None) -> tuple[Tensor, int]:
     """M-RoPE of a prepared prompt from its placeholder ranges (no token scan); `items` have grid_thw and
-    second_per_grid_t (MediaItem)."""
+    second_per_grid_t (MediaItem). A range holding only some of an item's frames (Qwen3-VL) has their grid."""
     runs = []
     for r in placeholders:
         item = items[r.item_index]
         kind = VIDEO if r.modality == "video" else IMAGE
-        runs.append((r.offset, item.grid_thw, _interval(kind, item.second_per_grid_t, tokens_per_second)))
+        _, h, w = (int(x) for x in item.grid_thw)
+        grid = (r.length * merge**2 // (h * w), h, w)  # [t of this run, h, w]
+        runs.append((r.offset, grid, _interval(kind, item.second_per_grid_t, tokens_per_second)))
     return positions_for_runs(num_tokens, runs, merge)
 
 
@@ -96,6 +98,7 @@ def get_mrope_positions(
     spatial_merge_size: int,
     tokens_per_second: float | None = None,
     second_per_grid_ts: Sequence[float] | Tensor | None = None,
+    frame_runs: bool = False,
 ) -> tuple[Tensor, int]:
     """Positions [3, N] for one sequence and the decode delta (next position = seq index + delta), found by
     scanning the ids (HF's get_rope_index interface; prepared requests use mrope_from_placeholders).
@@ -104,13 +107,17 @@ def get_mrope_positions(
     list; its length must be t*h*w/merge^2. Videos use time_interval = tokens_per_second *
     second_per_grid_ts[i] when tokens_per_second is given (Qwen2.5-VL; second_per_grid_ts defaults to 1),
     else 1 (Qwen2-VL). If vision_start_token_id is given, every run must directly follow that token.
+    frame_runs (Qwen3-VL, timestamps between frames): each temporal patch of a video is its own run, grid (1, h, w).
     """
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).cpu()
     types = torch.zeros_like(ids)
     types[ids == image_token_id] = IMAGE
     types[ids == video_token_id] = VIDEO
-    grids = {IMAGE: iter(_as_grid(image_grid_thw)), VIDEO: iter(_as_grid(video_grid_thw))}
-    seconds = iter([1.0] * len(_as_grid(video_grid_thw)) if second_per_grid_ts is None
+    video_grids = _as_grid(video_grid_thw)
+    if frame_runs:
+        video_grids = [[1, h, w] for t, h, w in video_grids for _ in range(t)]
+    grids = {IMAGE: iter(_as_grid(image_grid_thw)), VIDEO: iter(video_grids)}
+    seconds = iter([1.0] * len(video_grids) if second_per_grid_ts is None
                    else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1).tolist())
     runs = []
     for idx, length, kind in _runs(types):

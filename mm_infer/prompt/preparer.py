@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from mm_infer.config import MediaConfig
+from mm_infer.media.frame_sampling import timestamp_text
 from mm_infer.models.config import ModelConfig, load_config
 from mm_infer.prompt.inputs import PromptInput, parse_prompt
 from mm_infer.prompt.media import MediaDefaults, media_defaults
 from mm_infer.prompt.mrope import mrope_from_placeholders
-from mm_infer.prompt.placeholders import PlaceholderIds, PromptError, expand_placeholders
+from mm_infer.prompt.placeholders import FramedVideo, PlaceholderIds, PromptError, expand_placeholders
 from mm_infer.prompt.request import VLMRequest
 from mm_infer.prompt.templating import ChatRenderer, flat_token_ids, media_token_text
 from mm_infer.prompt.tokenizer import Tokenizer
@@ -49,18 +50,21 @@ def render_prompt(renderer: ChatRenderer | Any, *, prompt: str | None = None,
 def build_request(renderer: ChatRenderer | Any, ids: PlaceholderIds, prompt: PromptInput, *, merge_size: int = 2,
                   tokens_per_second: float | None = None) -> VLMRequest:
     """Render (or take) the ids, expand or check each item's placeholder run, and place M-RoPE from the runs."""
+    renderer = renderer if isinstance(renderer, ChatRenderer) else ChatRenderer(renderer, {})
     raw = render_prompt(renderer, prompt=prompt.text, prompt_token_ids=prompt.token_ids, messages=prompt.messages,
                         chat_template_kwargs=prompt.chat_template_kwargs)
     images, videos = list(prompt.images), list(prompt.videos)
+    frames = [None if it.timestamps is None else  # Qwen3-VL: "<t seconds>" before each temporal patch
+              FramedVideo(tuple(tuple(renderer.encode(timestamp_text(t))) for t in it.timestamps)) for it in videos]
     token_ids, ranges, order = expand_placeholders(
         raw, ids, image_tokens=[it.num_tokens(merge_size) for it in images],
         video_tokens=[it.num_tokens(merge_size) for it in videos],
         image_hashes=[it.content_hash for it in images], video_hashes=[it.content_hash for it in videos],
-        preexpanded=prompt.media_tokens_preexpanded)
+        preexpanded=prompt.media_tokens_preexpanded, video_frames=frames)
     by_kind = {"image": images, "video": videos}
     items = [by_kind[modality][k] for modality, k in order]
     positions, delta = mrope_from_placeholders(len(token_ids), ranges, items, merge_size, tokens_per_second)
-    return VLMRequest(token_ids, ranges, items, positions.to(torch.long), delta, prompt.text)
+    return VLMRequest(token_ids, ranges, items, positions.to(torch.long), delta, prompt.text, prompt.cache_salt)
 
 
 class PromptPreparer:

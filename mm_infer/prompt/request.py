@@ -20,6 +20,7 @@ class MediaItem:
     grid_thw: tuple[int, int, int]
     content_hash: str
     second_per_grid_t: float | None = None
+    timestamps: tuple[float, ...] | None = None  # Qwen3-VL videos: seconds of each temporal patch (prompt text)
 
     def num_tokens(self, merge: int) -> int:
         """Placeholder tokens this item expands to: t*h*w/merge²."""
@@ -34,12 +35,14 @@ def pixel_hash(packed: PackedTensor) -> str:
     return h.hexdigest()
 
 
-def items_from_packed(modality: str, packed: PackedTensor, seconds: list[float] | None = None) -> list[MediaItem]:
+def items_from_packed(modality: str, packed: PackedTensor, seconds: list[float] | None = None,
+                      timestamps: list[list[float]] | None = None) -> list[MediaItem]:
     """One MediaItem per item of a PackedTensor (its upstream content hashes, else a pixel digest)."""
     parts = packed.split()
     hashes = list(packed.content_hashes) if packed.content_hashes else [pixel_hash(p) for p in parts]
     return [MediaItem(modality, part.pixel_values, tuple(int(x) for x in part.imgs_sizes[0].tolist()),  # type: ignore[arg-type]
-                      hashes[k], None if seconds is None else float(seconds[k]))
+                      hashes[k], None if seconds is None else float(seconds[k]),
+                      None if timestamps is None else tuple(timestamps[k]))
             for k, part in enumerate(parts)]
 
 
@@ -53,6 +56,7 @@ class VLMRequest:
     mrope_positions: Tensor  # [3, L] long
     mrope_delta: int  # decode position = sequence index + delta
     prompt_text: str | None = None
+    cache_salt: str | None = None  # seeds the prefix-cache hash chain: only requests with the same salt share KV
 
     @property
     def item_patches(self) -> list[int]:

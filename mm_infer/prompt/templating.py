@@ -71,17 +71,21 @@ class ChatRenderer:
 
     def render_text(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, chat_template_kwargs: Mapping[str, Any] | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None, chat_template: str | None = None) -> str:
+        """`chat_template` (jinja text) renders instead of the checkpoint's template."""
         kwargs = dict(chat_template_kwargs or {})
         _check_options(messages, add_generation_prompt, continue_final_message, kwargs)
-        if self.has_template:
+        if chat_template is not None:
+            kwargs["chat_template"] = chat_template
+        if self.has_template or kwargs.get("chat_template") is not None:
             if tools:
                 kwargs["tools"] = tools
             try:
                 text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
                                                           add_generation_prompt=add_generation_prompt, **kwargs)
             except Exception as e:  # jinja raise_exception / template errors are the caller's input
-                raise PromptError(f"chat template failed: {e}", param="messages") from None
+                raise PromptError(f"chat template failed: {e}",
+                                  param="messages" if chat_template is None else "chat_template") from None
             if isinstance(text, list):  # some tokenizers return a batch of one
                 text = text[0]
         elif not self.media_tokens:
@@ -100,9 +104,11 @@ class ChatRenderer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return flat_token_ids(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> list[int]:
-        """Token ids of the rendered conversation (media placeholders not yet expanded)."""
-        return self.encode(self.render_text(messages, **options))
+    def render(self, messages: Sequence[Mapping[str, Any]], add_special_tokens: bool = False,
+               **options: Any) -> list[int]:
+        """Token ids of the rendered conversation (media placeholders not yet expanded); `add_special_tokens`
+        adds the tokenizer's own (BOS, ...) on top of what the template writes."""
+        return self.encode(self.render_text(messages, **options), add_special_tokens)
 
 
 def media_token_text(tokenizer: Any, ids: Any) -> dict[str, str]:

@@ -36,6 +36,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self.special = dict(special)
         self._compiled: Any = None
+        self._others: dict[str, Any] = {}  # compiled per-call templates, by source (a few kept)
 
     @staticmethod
     def from_pretrained(model_dir: str | Path) -> Tokenizer:
@@ -69,12 +70,24 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
+    def _template(self, source: str | None) -> Any:
+        if source is None or source == self.chat_template:
+            if self.chat_template is None:
+                raise ValueError("this checkpoint has no chat template")
+            if self._compiled is None:
+                self._compiled = _compile_template(self.chat_template)
+            return self._compiled
+        if source not in self._others:
+            if len(self._others) >= 8:
+                self._others.clear()
+            self._others[source] = _compile_template(source)
+        return self._others[source]
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], tokenize: bool = True,
-                            add_generation_prompt: bool = False, **kwargs: Any) -> list[int] | str:
-        if self.chat_template is None:
-            raise ValueError("this checkpoint has no chat template")
-        if self._compiled is None:
-            self._compiled = _compile_template(self.chat_template)
-        text = self._compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     **{**self.special, **kwargs})
+                            add_generation_prompt: bool = False, chat_template: str | None = None,
+                            **kwargs: Any) -> list[int] | str:
+        """HF semantics; `chat_template` (jinja text) renders instead of the checkpoint's."""
+        template = self._template(chat_template)
+        text = template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                               **{**self.special, **kwargs})
         return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from mm_infer.models.loader import PATCH_EMBED, hf_target, target_view
+from mm_infer.models.loader import hf_target, target_view, tensor_fits
 
 Bucket = list[tuple[str, Tensor]]
 
@@ -60,7 +60,7 @@ def plan_refit(model_dir: str | Path, model: torch.nn.Module) -> list[TensorEntr
                     raise WeightFileError(f"{path.name}: tensor {key!r} maps to no parameter of this model")
                 shape = tuple(f.get_slice(key).get_shape())
                 want = tuple(target_view(model, params, name, part).shape)
-                if shape != want and not (name == PATCH_EMBED and prod(shape) == prod(want)):
+                if not tensor_fits(name, shape, want):
                     raise WeightFileError(f"{path.name}: tensor {key!r} has shape {shape}, the model wants {want}")
                 entries.append(TensorEntry(key, path, prod(shape) * params[name].element_size()))
     if not entries:

@@ -6,10 +6,18 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from servers.openai.protocol import PauseRequest, UpdateWeightsFromDiskRequest
+from servers.openai.protocol import PAUSE_MODES, PauseMode, PauseRequest, UpdateWeightsFromDiskRequest
 from servers.openai.refit import Refitter
-from servers.openai.replies import PauseStatus, UpdateWeightsResponse, WeightVersion
+from servers.openai.replies import ApiError, PauseStatus, UpdateWeightsResponse, WeightVersion
 from servers.openai.state import ServerState
+
+
+def pause_mode(query: str | None, body: PauseRequest | None) -> PauseMode:
+    if query is not None and query not in PAUSE_MODES:
+        raise ApiError(400, f"mode {query!r} is not one of {list(PAUSE_MODES)}", param="mode")
+    if query is not None and body is not None and "mode" in body.model_fields_set and body.mode != query:
+        raise ApiError(400, f"mode is {query!r} in the query string but {body.mode!r} in the body", param="mode")
+    return query if query is not None else (body or PauseRequest()).mode  # type: ignore[return-value]
 
 
 def add_admin_routes(app: FastAPI, state: ServerState) -> None:
@@ -18,8 +26,9 @@ def add_admin_routes(app: FastAPI, state: ServerState) -> None:
     refitter = Refitter(state.backend, gate, state.config.allowed_weights_paths or default_roots)
 
     @app.post("/pause")
-    async def pause(req: PauseRequest | None = None) -> PauseStatus:
-        mode = (req or PauseRequest()).mode
+    async def pause(req: PauseRequest | None = None, mode: str | None = None) -> PauseStatus:
+        """The mode from the query string (vLLM: POST /pause?mode=keep) or the body; both must agree."""
+        mode = pause_mode(mode, req)
         count = await gate.pause(mode)
         return PauseStatus(is_paused=True, mode=mode, num_paused_requests=count)
 

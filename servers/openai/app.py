@@ -59,9 +59,10 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     """Models, tokenize / detokenize, health, version and metrics."""
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=state.config.model_name, created=state.created,
-                                         root=state.config.model_dir, max_model_len=state.backend.max_model_len,
-                                         weight_version=state.backend.weight_version)])
+        names = dict.fromkeys((state.config.model_name, *state.config.extra_served_names))  # every served name
+        return ModelList(data=[ModelCard(id=name, created=state.created, root=state.config.model_dir,
+                                         max_model_len=state.backend.max_model_len,
+                                         weight_version=state.backend.weight_version) for name in names])
 
     @app.post("/tokenize")
     async def tokenize_route(req: TokenizeRequest):
@@ -73,6 +74,10 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/health")
     async def health() -> Response:
+        return Response(status_code=200 if state.backend.is_alive else 503)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:  # vLLM's (SageMaker's) health check, open like /health
         return Response(status_code=200 if state.backend.is_alive else 503)
 
     @app.get("/version")

@@ -15,8 +15,24 @@ from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_sequences, check_text, message_texts
 from servers.openai.messages import parse_messages
-from servers.openai.outputs import Parsed, chat_logprobs, json_logprobs, prompt_logprobs, usage
-from servers.openai.protocol import ChatCompletionRequest, ChatMessage, Tool, check_tool_choice, to_sampling_params
+from servers.openai.outputs import (
+    Parsed,
+    ParsedToolCall,
+    chat_logprobs,
+    json_logprobs,
+    prompt_logprobs,
+    running_usage,
+    usage,
+)
+from servers.openai.prompt_limits import check_media_counts, truncate_prompt, truncation_length
+from servers.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    TextPart,
+    Tool,
+    check_tool_choice,
+    to_sampling_params,
+)
 from servers.openai.replies import (
     ApiError,
     ChatChoice,
@@ -40,19 +56,25 @@ from servers.openai.streaming import (
     sse_events,
     watch,
 )
+from servers.openai.structured import request_parser
+from servers.openai.vllm_fields import template_kwargs
 
 
 async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, add_generation_prompt: bool,
                             continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None,
                             mm_processor_kwargs: dict[str, Any] | None,
-                            tools: list[Tool] | None) -> PromptInput:
-    """The typed prompt: token ids (earlier turns' exact ids spliced in) plus processed media items."""
+                            tools: list[Tool] | None, chat_template: str | None = None,
+                            add_special_tokens: bool = False, cache_salt: str | None = None) -> PromptInput:
+    """The typed prompt: token ids (earlier turns' exact ids spliced in) plus processed media items; the
+    request's chat_template, else the server's, else the checkpoint's."""
     check_text(state.preparer.tokenizer, state.backend.max_model_len, message_texts(messages), "messages")
     chat = parse_messages(messages)
+    check_media_counts((ref.kind for ref in chat.media), state.config.limit_mm_per_prompt)
     opts = state.media.options(mm_processor_kwargs)
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
     render = state.preparer.renderer.render
-    kwargs = {"chat_template_kwargs": chat_template_kwargs, "tools": tool_dicts}
+    kwargs = {"chat_template_kwargs": chat_template_kwargs, "tools": tool_dicts,
+              "chat_template": chat_template or state.config.chat_template, "add_special_tokens": add_special_tokens}
 
     def template_ids() -> list[int]:
         ids = render(chat.messages, add_generation_prompt=add_generation_prompt,
@@ -66,25 +88,43 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
 
     ids, items = await asyncio.gather(asyncio.to_thread(template_ids), state.media.resolve(chat.media, opts))
     return PromptInput(token_ids=ids, images=[it for it in items if it.modality == "image"],
-                       videos=[it for it in items if it.modality == "video"])
+                       videos=[it for it in items if it.modality == "video"], cache_salt=cache_salt)
 
 
 def _parse(state: ServerState, req: ChatCompletionRequest, text: str, final: bool) -> Parsed:
     use_tools = bool(req.tools) and req.tool_choice != "none"
-    return state.parser.parse(text, final, use_tools) if state.parser.active else Parsed(text)
+    parser = request_parser(state.parser, req)
+    return parser.parse(text, final, use_tools) if parser.active else Parsed(text)
 
 
 def _finish(comp: CompletionOutput, parsed: Parsed) -> str | None:
     return "tool_calls" if parsed.tool_calls and comp.finish_reason == "stop" else comp.finish_reason
 
 
+def echo_text(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the last message's text when it has the answer's role (assistant, or the last message's
+    own role without a generation prompt), prepended to each answer."""
+    last = req.messages[-1]
+    if not req.echo or not last.content or last.role != ("assistant" if req.add_generation_prompt else last.role):
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "\n".join(p.text for p in last.content if isinstance(p, TextPart))
+
+
+def _calls(req: ChatCompletionRequest, parsed: Parsed) -> list[ParsedToolCall]:
+    return parsed.tool_calls if req.parallel_tool_calls is not False else parsed.tool_calls[:1]
+
+
 def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, comp: CompletionOutput) -> ChatChoice:
     parsed = _parse(state, req, comp.text, True)
+    reasoning = parsed.reasoning_content if req.include_reasoning else None
+    content = parsed.content if parsed.content or not parsed.tool_calls else None
+    echo = echo_text(req)
     message = ChatMessageOut(
-        content=parsed.content if parsed.content or not parsed.tool_calls else None,
-        reasoning_content=parsed.reasoning_content,
+        content=echo + (content or "") if echo else content, reasoning=reasoning, reasoning_content=reasoning,
         tool_calls=[ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-                    for c in parsed.tool_calls],
+                    for c in _calls(req, parsed)],
         prompt_token_ids=list(out.prompt_token_ids), generation_token_ids=list(comp.token_ids),
         generation_log_probs=json_logprobs(comp.logprobs))
     logprobs = None
@@ -122,7 +162,7 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
     final = comp.finish_reason is not None
     parsed = Parsed(comp.text)
     content, reasoning = comp.text, ""
-    if state.parser.active:  # the parsers read the whole text: markup may span deltas
+    if request_parser(state.parser, req).active:  # the parsers read the whole text: markup may span deltas
         sent.raw.append(comp.text)
         parsed = _parse(state, req, "".join(sent.raw), final)
         content = parsed.content[len(sent.content):] if parsed.content.startswith(sent.content) else ""
@@ -136,10 +176,12 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
                                                         req.return_tokens_as_token_ids))
     sent.tokens += len(comp.token_ids)
     calls = [ToolCallDelta(index=i, id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-             for i, c in enumerate(parsed.tool_calls)] if final and parsed.tool_calls else None
+             for i, c in enumerate(_calls(req, parsed))] if final and parsed.tool_calls else None
     sent.done = final
-    return ChatChunkChoice(index=comp.index, delta=DeltaMessage(content=content or None, reasoning_content=reasoning
-                                                                or None, tool_calls=calls), logprobs=logprobs,
+    reasoning = reasoning if req.include_reasoning else ""
+    delta = DeltaMessage(content=content or None, reasoning=reasoning or None, reasoning_content=reasoning or None,
+                         tool_calls=calls)
+    return ChatChunkChoice(index=comp.index, delta=delta, logprobs=logprobs,
                            finish_reason=_finish(comp, parsed) if final else None,
                            stop_reason=comp.stop_reason if final else None,
                            token_ids=list(comp.token_ids) if req.return_token_ids else None)
@@ -152,15 +194,19 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
                 "weight_version": output_version(state, out)}
 
     sent = [_Sent() for _ in range(req.n)]
+    assert gen.first is not None
+    so_far = running_usage(req.stream_options, len(gen.first.prompt_token_ids))
     for i in range(req.n):
         yield sse(ChatCompletionChunk(**head(), choices=[
-            ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
-            prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None))
+            ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=echo_text(req)))],
+            prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None,
+            usage=so_far(0)))
 
     def event(_: int, out: RequestOutput) -> str | None:
         choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
                    if not sent[c.index].done and (c.token_ids or c.text or c.finish_reason)]
-        return sse(ChatCompletionChunk(**head(out), choices=choices)) if choices else None
+        return sse(ChatCompletionChunk(**head(out), choices=choices, usage=so_far(sum(s.tokens for s in sent)))
+                   ) if choices else None
 
     def tail() -> str | None:
         whole = gen.whole()
@@ -180,12 +226,15 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
     check_tool_choice(req)
-    params = to_sampling_params(req, state.backend.vocab_size)
+    params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
     check_sequences(1, req.n, state.config.max_sequences_per_request)
     prompt = await build_chat_prompt(
         state, req.messages, add_generation_prompt=req.add_generation_prompt,
-        continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
-        mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools if req.tool_choice != "none" else None)
+        continue_final_message=req.continue_final_message, chat_template_kwargs=template_kwargs(req),
+        mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools if req.tool_choice != "none" else None,
+        chat_template=req.chat_template, add_special_tokens=req.add_special_tokens, cache_salt=req.cache_salt)
+    prompt = truncate_prompt(prompt, truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len),
+                             state.preparer.placeholder_ids, state.preparer.merge_size)
     rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gen = Generation(state, prompt, params, rid, req.affinity_key, req.stream)

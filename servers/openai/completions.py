@@ -5,16 +5,27 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import Any
 
 from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_sequences, check_text
-from servers.openai.outputs import completion_logprobs, prompt_logprobs, usage
+from servers.openai.outputs import (
+    completion_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    prompt_logprobs,
+    running_usage,
+    usage,
+)
+from servers.openai.prompt_limits import truncate_ids, truncation_length
 from servers.openai.protocol import CompletionRequest, to_sampling_params
-from servers.openai.replies import ApiError, CompletionChoice, CompletionResponse, Usage
+from servers.openai.replies import ApiError, CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,
@@ -41,6 +52,20 @@ def split_prompts(req: CompletionRequest) -> list[str | list[int]]:
     return prompts
 
 
+def echo_texts(tokenizer: Any, texts: Sequence[str | list[int]], full: list[list[int]],
+               kept: list[list[int]]) -> list[str]:
+    """What echo repeats: a text prompt as sent; an id prompt, or a truncated one, decoded."""
+    return [t if isinstance(t, str) and len(k) == len(f) else tokenizer.decode(k, skip_special_tokens=False)
+            for t, f, k in zip(texts, full, kept, strict=True)]
+
+
+def answered(req: CompletionRequest, c: CompletionOutput) -> CompletionOutput:
+    """What a sample answers: nothing generated for echo with max_tokens 0 (vLLM makes one token, then drops it)."""
+    if not (req.echo and req.max_tokens == 0):
+        return c
+    return replace(c, text="", token_ids=[], logprobs=[], top_logprobs=[] if c.top_logprobs is not None else None)
+
+
 def prompt_ids(state: ServerState, req: CompletionRequest, prompts: list[str | list[int]]) -> list[list[int]]:
     """Each prompt as token ids: text is tokenized here (call it off the event loop), id lists taken as given."""
     encode = state.preparer.renderer.encode
@@ -53,37 +78,57 @@ def prompt_ids(state: ServerState, req: CompletionRequest, prompts: list[str | l
     return out
 
 
-def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, base: int) -> list[CompletionChoice]:
+def _logprobs(state: ServerState, req: CompletionRequest, out: RequestOutput, c: CompletionOutput,
+              echo: str | None, at: int = 0) -> CompletionLogprobs | None:
+    """The sample's legacy logprobs (after the echoed prompt's, when echoing), text offsets from `at`."""
+    if req.logprobs is None:
+        return None
+    tok, as_ids = state.preparer.tokenizer, req.return_tokens_as_token_ids
+    generated = completion_logprobs(tok, c, req.logprobs, as_ids, at=at)
+    return generated if echo is None else join_logprobs(echo_logprobs(tok, out, req.logprobs, as_ids), generated)
+
+
+def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, base: int,
+             echo: str | None) -> list[CompletionChoice]:
     as_ids = req.return_tokens_as_token_ids
     tok = state.preparer.tokenizer
     return [CompletionChoice(
-        index=base + c.index, text=c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-        logprobs=completion_logprobs(tok, c, req.logprobs, as_ids) if req.logprobs is not None else None,
-        token_ids=list(c.token_ids) if req.return_token_ids else None,
+        index=base + c.index, text=(echo or "") + c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+        logprobs=_logprobs(state, req, out, c, echo), token_ids=list(c.token_ids) if req.return_token_ids else None,
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
         prompt_logprobs=prompt_logprobs(tok, out, as_ids) if req.prompt_logprobs is not None else None)
-        for c in out.outputs]
+        for c in map(partial(answered, req), out.outputs)]
 
 
-def _delta(state: ServerState, req: CompletionRequest, c: CompletionOutput, index: int) -> CompletionChoice:
-    """A chunk choice from one DELTA output of one sample."""
-    logprobs = None
-    if req.logprobs is not None:
-        logprobs = completion_logprobs(state.preparer.tokenizer, c, req.logprobs, req.return_tokens_as_token_ids)
-    return CompletionChoice(index=index, text=c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                            logprobs=logprobs, token_ids=list(c.token_ids) if req.return_token_ids else None)
+def _delta(state: ServerState, req: CompletionRequest, out: RequestOutput, c: CompletionOutput, index: int,
+           echo: str | None, at: int) -> CompletionChoice:
+    """A chunk choice from one DELTA output of one sample (the first one echoes the prompt, when asked)."""
+    return CompletionChoice(index=index, text=(echo or "") + c.text, finish_reason=c.finish_reason,
+                            stop_reason=c.stop_reason, logprobs=_logprobs(state, req, out, c, echo, at),
+                            token_ids=list(c.token_ids) if req.return_token_ids else None)
 
 
-async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str,
-                  created: int) -> AsyncIterator[str]:
+async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str, created: int,
+                  echoes: list[str] | None) -> AsyncIterator[str]:
     def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
 
+    chars: dict[int, int] = {}  # characters each choice has streamed (its next text offset)
+    generated = [0] * len(gens)
+
     def event(i: int, out: RequestOutput) -> str | None:
-        choices = [_delta(state, req, c, i * req.n + c.index) for c in out.outputs
-                   if c.token_ids or c.text or c.finish_reason]
-        return sse(CompletionResponse(**head(out), choices=choices)) if choices else None
+        choices = []
+        generated[i] += sum(len(c.token_ids) for c in out.outputs)
+        for c in map(partial(answered, req), out.outputs):
+            index = i * req.n + c.index
+            echo = echoes[i] if echoes is not None and index not in chars else None
+            if echo is None and not (c.token_ids or c.text or c.finish_reason):
+                continue
+            choices.append(_delta(state, req, out, c, index, echo, chars.get(index, 0)))
+            chars[index] = chars.get(index, 0) + len(choices[-1].text)
+        so_far = running_usage(req.stream_options, len(out.prompt_token_ids))(generated[i])
+        return sse(CompletionResponse(**head(out), choices=choices, usage=so_far)) if choices else None
 
     def tail() -> str | None:
         wholes = [g.whole() for g in gens]
@@ -107,16 +152,19 @@ def _sum(totals: list[Usage]) -> Usage:
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
-    params = to_sampling_params(req, state.backend.vocab_size)
+    params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
     texts = split_prompts(req)
     check_sequences(len(texts), req.n, state.config.max_sequences_per_request)
     check_text(state.preparer.tokenizer, state.backend.max_model_len, (p for p in texts if isinstance(p, str)),
                "prompt")
-    prompts = await asyncio.to_thread(prompt_ids, state, req, texts)
+    keep = truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len)
+    full = await asyncio.to_thread(prompt_ids, state, req, texts)
+    prompts = [truncate_ids(ids, keep) for ids in full]
+    echoes = await asyncio.to_thread(echo_texts, state.preparer.tokenizer, texts, full, prompts) if req.echo else None
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
-    gens = [Generation(state, PromptInput(token_ids=ids), params, f"{rid}-{i}", req.affinity_key, req.stream)
-            for i, ids in enumerate(prompts)]
+    gens = [Generation(state, PromptInput(token_ids=ids, cache_salt=req.cache_salt), params, f"{rid}-{i}",
+                       req.affinity_key, req.stream) for i, ids in enumerate(prompts)]
     if req.stream:
         starts = [asyncio.ensure_future(g.start()) for g in gens]
         try:
@@ -127,7 +175,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
             await asyncio.gather(*starts, return_exceptions=True)
             await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
             raise
-        return ClosingStreamingResponse(_stream(state, req, gens, rid, created), media_type="text/event-stream")
+        return ClosingStreamingResponse(_stream(state, req, gens, rid, created, echoes),
+                                        media_type="text/event-stream")
     tasks = [asyncio.ensure_future(g.final(request.is_disconnected)) for g in gens]
     try:
         outs = await asyncio.gather(*tasks)
@@ -135,7 +184,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         for task in tasks:  # one bad prompt fails the batch: stop (and free) the others
             task.cancel()
         raise
-    choices = [ch for i, out in enumerate(outs) for ch in _choices(state, req, out, i * req.n)]
+    choices = [ch for i, out in enumerate(outs)
+               for ch in _choices(state, req, out, i * req.n, echoes[i] if echoes is not None else None)]
     return CompletionResponse(id=rid, created=created, model=state.config.model_name, choices=choices,
                               usage=_sum([usage(o) for o in outs]),
                               weight_version=max(g.weight_version or 0 for g in gens))

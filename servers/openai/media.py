@@ -122,7 +122,8 @@ class MediaResolver:
         overrides = dict(_kind_options(kind, opts))
         packed, metas = await self.processor.aprocess(kind, [data], **overrides)
         seconds = None if kind == "image" else [float(metas[0].second_per_grid_ts or 0.0)]
-        return items_from_packed(kind, packed, seconds)[0], int(packed.pixel_values.nbytes)
+        stamps = None if kind == "image" else self.defaults.timestamps(metas)  # Qwen3-VL's "<t seconds>"
+        return items_from_packed(kind, packed, seconds, stamps)[0], int(packed.pixel_values.nbytes)
 
     async def _one(self, ref: MediaRef, opts: MediaOptions) -> MediaItem:
         scope = media_client_scope.get()

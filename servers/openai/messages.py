@@ -86,6 +86,14 @@ def _tool_calls(msg: ChatMessage) -> list[dict[str, Any]]:
     return calls
 
 
+def _reasoning(msg: ChatMessage, index: int) -> str | None:
+    """An earlier turn's reasoning, under vLLM's name (`reasoning`) or its deprecated alias."""
+    if msg.reasoning is not None and msg.reasoning_content is not None and msg.reasoning != msg.reasoning_content:
+        raise ApiError(400, f"messages[{index}]: reasoning and reasoning_content differ; send one",
+                       param=f"messages[{index}].reasoning")
+    return msg.reasoning if msg.reasoning is not None else msg.reasoning_content
+
+
 def parse_messages(messages: list[ChatMessage]) -> ChatInput:
     """Normalize parts for the chat template ({"type": "image"} etc.) and collect media in prompt order."""
     media: list[MediaRef] = []
@@ -93,9 +101,11 @@ def parse_messages(messages: list[ChatMessage]) -> ChatInput:
     carried: CarriedTurn | None = None
     for i, msg in enumerate(messages):
         d: dict[str, Any] = {"role": msg.role, "content": _content(msg, i, media)}
-        for key in ("name", "tool_call_id", "reasoning_content"):
+        for key in ("name", "tool_call_id"):
             if getattr(msg, key) is not None:
                 d[key] = getattr(msg, key)
+        if (reasoning := _reasoning(msg, i)) is not None:  # templates read either name
+            d["reasoning"] = d["reasoning_content"] = reasoning
         if msg.tool_calls:
             d["tool_calls"] = _tool_calls(msg)
         has_prompt, has_gen = msg.prompt_token_ids is not None, msg.generation_token_ids is not None

@@ -1,38 +1,32 @@
-"""Prometheus text exposition written by hand: counters, gauges and latency histograms."""
+"""Metrics: the server's own counts, and /metrics from a private prometheus_client registry per server."""
 
 from __future__ import annotations
 
-import bisect
+import re
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
+
+from servers.openai.metrics_collector import LATENCY_BUCKETS, Counts, Histogram, Reading, ServerCollector
+
+__all__ = ["LATENCY_BUCKETS", "Histogram", "Metrics", "Reading", "exposition"]
+
+# Requests whose latency is a generation's end-to-end latency (a scrape or a tokenize call is not).
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+_INTEGRAL = re.compile(rb"^([^#\n].*) (-?\d+)\.0$", re.M)
 
 
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def lines(self, name: str) -> list[str]:
-        out, running = [], 0
-        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            running += n
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            out.append(f'{name}_bucket{{le="{le}"}} {running}')
-        return out + [f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
+def exposition(registry: CollectorRegistry) -> str:
+    """The registry in Prometheus text format 0.0.4. Integral values are written as Go's client writes them ("64",
+    where Python's writes "64.0"), as this server always did: readers matching exact lines keep working."""
+    return _INTEGRAL.sub(rb"\1 \2", generate_latest(registry)).decode()
 
 
 class Metrics:
-    """Server-side counters; engine and cache gauges are read at scrape time and passed to render()."""
+    """Counts the HTTP layer records (requests, tokens, aborts, latencies); `running` and `aborted` are bumped by
+    the generations themselves. render() is the scrape: the engine reading is passed in, everything else is read
+    by the registry's collectors (ours, and prometheus_client's process, platform and GC collectors)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -43,11 +37,18 @@ class Metrics:
         self.running = 0
         self.e2e = Histogram()
         self.ttft = Histogram()
+        self._scrape_lock = threading.Lock()
+        self._reading = Reading({}, "")
+        self.registry = CollectorRegistry(auto_describe=False)  # per server: several in one process do not clash
+        self.registry.register(ServerCollector(self.counts, lambda: self._reading))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
     def request_done(self, endpoint: str, status: int, seconds: float | None = None) -> None:
         with self._lock:
             self.requests[(endpoint, status)] += 1
-            if seconds is not None and status == 200:
+            if seconds is not None and status == 200 and endpoint in GENERATION_ENDPOINTS:
                 self.e2e.observe(seconds)
 
     def tokens(self, prompt: int, generated: int) -> None:
@@ -59,21 +60,17 @@ class Metrics:
         with self._lock:
             self.ttft.observe(seconds)
 
-    def render(self, gauges: Mapping[str, float]) -> str:
-        p = "mm_infer"
+    def counts(self) -> Counts:
+        """A consistent copy of the counts."""
         with self._lock:
-            lines = [f"# HELP {p}_requests_total HTTP requests by endpoint and status.",
-                     f"# TYPE {p}_requests_total counter"]
-            lines += [f'{p}_requests_total{{endpoint="{e}",status="{s}"}} {n}'
-                      for (e, s), n in sorted(self.requests.items())]
-            for name, value, kind in (("prompt_tokens_total", self.prompt_tokens, "counter"),
-                                      ("generation_tokens_total", self.generation_tokens, "counter"),
-                                      ("requests_aborted_total", self.aborted, "counter"),
-                                      ("requests_running", self.running, "gauge")):
-                lines += [f"# TYPE {p}_{name} {kind}", f"{p}_{name} {value}"]
-            for name, hist in (("e2e_request_latency_seconds", self.e2e),
-                               ("time_to_first_token_seconds", self.ttft)):
-                lines += [f"# TYPE {p}_{name} histogram", *hist.lines(f"{p}_{name}")]
-        for name, value in sorted(gauges.items()):
-            lines += [f"# TYPE {p}_{name} gauge", f"{p}_{name} {value}"]
-        return "\n".join(lines) + "\n"
+            return Counts(dict(self.requests), self.prompt_tokens, self.generation_tokens, self.aborted,
+                          self.running, self.e2e.copy(), self.ttft.copy())
+
+    def render(self, reading: Reading) -> str:
+        """/metrics: every collector of this server's registry, with `reading` as the engine's state now."""
+        with self._scrape_lock:
+            self._reading = reading
+            try:
+                return exposition(self.registry)
+            finally:
+                self._reading = Reading({}, "")

@@ -6,6 +6,7 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -150,32 +151,86 @@ def chat_logprobs(tokenizer: Any, comp: CompletionOutput, start: int, k: int, as
     return out
 
 
-def completion_logprobs(tokenizer: Any, comp: CompletionOutput, k: int, as_ids: bool,
-                        start: int = 0) -> CompletionLogprobs:
-    """Legacy text-completion logprobs for tokens [start:]: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens = [token_str(tokenizer, t, as_ids) for t in comp.token_ids[start:]]
-    offsets, at = [], 0
+def _with_sampled(tokenizer: Any, token: int, lp: float | None, alts: dict[int, float] | None, k: int,
+                  as_ids: bool) -> dict[str, float] | None:
+    """vLLM's legacy top_logprobs entry: the chosen token first, then the top k (k = 0: the chosen token alone)."""
+    if lp is None:
+        return None
+    top = {token_str(tokenizer, token, as_ids): json_logprob(lp)}
+    for t, alt in _top(tokenizer, alts, k, as_ids):
+        top.setdefault(t, alt)
+    return top
+
+
+def legacy_logprobs(tokenizer: Any, ids: list[int], lps: list[float | None], alts: list[dict[int, float] | None],
+                    k: int, as_ids: bool, at: int = 0) -> CompletionLogprobs:
+    """Legacy text-completion logprobs of `ids`: tokens, token_logprobs, top_logprobs, text_offset from `at`."""
+    tokens = [token_str(tokenizer, t, as_ids) for t in ids]
+    offsets = []
     for token in tokens:
         offsets.append(at)
         at += len(token)
-    tops = None
-    if k:
-        tops = [dict(_top(tokenizer, comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None,
-                          k, as_ids)) for i in range(start, len(comp.token_ids))]
-    return CompletionLogprobs(tokens=tokens, token_logprobs=json_logprobs(comp.logprobs[start:]), top_logprobs=tops,
-                              text_offset=offsets)
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=[None if lp is None else json_logprob(lp) for lp in lps], text_offset=offsets,
+        top_logprobs=[_with_sampled(tokenizer, t, lp, a, k, as_ids) for t, lp, a in zip(ids, lps, alts, strict=True)])
+
+
+def completion_logprobs(tokenizer: Any, comp: CompletionOutput, k: int, as_ids: bool, start: int = 0,
+                        at: int = 0) -> CompletionLogprobs:
+    """Legacy logprobs of generated tokens [start:], text offsets counted from `at`."""
+    n = len(comp.token_ids)
+    alts = [comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None for i in range(start, n)]
+    return legacy_logprobs(tokenizer, comp.token_ids[start:], list(comp.logprobs[start:]), alts, k, as_ids, at)
+
+
+def echo_logprobs(tokenizer: Any, out: RequestOutput, k: int, as_ids: bool) -> CompletionLogprobs:
+    """Legacy logprobs of the prompt tokens (echo): the first has none."""
+    ids = list(out.prompt_token_ids)
+    lps = list(out.prompt_logprobs or [None] * len(ids))
+    alts = list(out.prompt_top_logprobs or [None] * len(ids))
+    return legacy_logprobs(tokenizer, ids, lps, alts, k, as_ids)
+
+
+def join_logprobs(head: CompletionLogprobs, tail: CompletionLogprobs) -> CompletionLogprobs:
+    """head's tokens then tail's, tail's text offsets moved past head's text."""
+    shift = head.text_offset[-1] + len(head.tokens[-1]) if head.tokens else 0
+    return CompletionLogprobs(tokens=head.tokens + tail.tokens,
+                              token_logprobs=head.token_logprobs + tail.token_logprobs,
+                              top_logprobs=(head.top_logprobs or []) + (tail.top_logprobs or []),
+                              text_offset=head.text_offset + [o + shift for o in tail.text_offset])
 
 
 def prompt_logprobs(tokenizer: Any, out: RequestOutput, as_ids: bool) -> list[dict[str, dict[str, Any]] | None]:
-    """vLLM shape: None for the first prompt token, then {token_id: {logprob, rank, decoded_token}}."""
+    """vLLM shape: None for the first prompt token, then {token_id: {logprob, rank, decoded_token}}: the prompt
+    token itself (its real rank, 1 = the most likely), then the top k alternatives (ranks 1..k)."""
     lps = out.prompt_logprobs or []
+    ranks = out.prompt_ranks or []
+    tops = out.prompt_top_logprobs or []
     result: list[dict[str, dict[str, Any]] | None] = []
     for i, token in enumerate(out.prompt_token_ids):
         lp = lps[i] if i < len(lps) else None
-        result.append(None if lp is None else
-                      {str(token): {"logprob": json_logprob(lp), "rank": None,
-                                    "decoded_token": token_str(tokenizer, token, as_ids)}})
+        if lp is None:
+            result.append(None)
+            continue
+        entry = {str(token): {"logprob": json_logprob(lp), "rank": ranks[i] if i < len(ranks) else None,
+                              "decoded_token": token_str(tokenizer, token, as_ids)}}
+        ranked = sorted((tops[i] if i < len(tops) and tops[i] else {}).items(), key=lambda kv: -kv[1])
+        for r, (alt, alt_lp) in enumerate(ranked, start=1):
+            entry.setdefault(str(alt), {"logprob": json_logprob(alt_lp), "rank": r,
+                                        "decoded_token": token_str(tokenizer, alt, as_ids)})
+        result.append(entry)
     return result
+
+
+def running_usage(options: Any, prompt_tokens: int) -> Callable[[int], Usage | None]:
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): usage so far on every chunk."""
+    on = options is not None and options.include_usage and options.continuous_usage_stats
+
+    def so_far(generated: int) -> Usage | None:
+        if not on:
+            return None
+        return Usage(prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated)
+    return so_far
 
 
 def usage(out: RequestOutput) -> Usage:

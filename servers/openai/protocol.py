@@ -8,7 +8,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mm_infer.engine.sampling import LOGPROBS_MODES, SamplingParams
 from servers.openai.admission import check_logit_bias, check_stops
+from servers.openai.generation_defaults import max_tokens_cap, sampling_value
 from servers.openai.replies import ApiError
+from servers.openai.structured import StructuredFields, structured_outputs_params
+from servers.openai.vllm_fields import (
+    VllmChatFields,
+    VllmCompletionFields,
+    VllmSamplingFields,
+    check_prompt_logprobs,
+    check_vllm_fields,
+)
 
 
 class Strict(BaseModel):
@@ -76,7 +85,8 @@ class ChatMessage(Strict):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's current name
+    reasoning_content: str | None = None  # its deprecated alias
     # token ids of an earlier turn as the server returned them (NeMo RL): spliced, never re-tokenized
     prompt_token_ids: list[int] | None = None
     generation_token_ids: list[int] | None = None
@@ -101,11 +111,11 @@ class NamedToolChoice(Strict):
 
 
 class StreamOptions(Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: bool = True  # vLLM's default: stream_options {} asks for the usage chunk
+    continuous_usage_stats: bool = False  # with include_usage: usage so far on every chunk
 
 
-class SamplingFields(Strict):
+class SamplingFields(Strict, VllmSamplingFields, StructuredFields):
     """Fields shared by chat and text completions (OpenAI names, then vLLM extensions)."""
 
     model: str | None = None
@@ -138,7 +148,7 @@ class SamplingFields(Strict):
     affinity_key: str | None = Field(default=None, max_length=256)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, VllmChatFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -152,9 +162,9 @@ class ChatCompletionRequest(SamplingFields):
     mm_processor_kwargs: dict[str, Any] | None = None
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, VllmCompletionFields):
     prompt: str | list[int] | list[str | list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for text completions
+    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default for text completions; 0 only with echo
     logprobs: int | None = Field(default=None, ge=0, le=20)
     add_special_tokens: bool = True
 
@@ -167,6 +177,7 @@ class TokenizeRequest(Strict):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # as for chat (vLLM's tokenize request has it too)
     mm_processor_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     return_token_strs: bool = False
@@ -177,10 +188,14 @@ class DetokenizeRequest(Strict):
     tokens: list[int]
 
 
+PauseMode = Literal["abort", "wait", "keep"]
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
 class PauseRequest(Strict):
     """abort: in-flight requests end as 503 errors; wait: they finish first; keep: they freeze until resume."""
 
-    mode: Literal["abort", "wait", "keep"] = "abort"
+    mode: PauseMode = "abort"
 
 
 class UpdateWeightsFromDiskRequest(Strict):
@@ -206,7 +221,7 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, floa
 
 def _top_logprobs(req: SamplingFields) -> int | None:
     if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs is not None and not req.logprobs:
+        if req.top_logprobs and not req.logprobs:  # 0 without logprobs is fine (vLLM's rule)
             raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         return (req.top_logprobs or 0) if req.logprobs else None
     assert isinstance(req, CompletionRequest)
@@ -214,27 +229,42 @@ def _top_logprobs(req: SamplingFields) -> int | None:
 
 
 def check_tool_choice(req: ChatCompletionRequest) -> None:
-    choice = req.tool_choice
-    if choice is not None and not isinstance(choice, str):
-        raise ApiError(400, "a named tool_choice needs guided decoding, which this server does not do",
-                       param="tool_choice")
-    if choice == "required":
-        raise ApiError(400, "tool_choice 'required' needs guided decoding, which this server does not do",
-                       param="tool_choice")
+    """"required" and a named function force tool calls (a grammar): they need tools, and the name one of them."""
+    choice, names = req.tool_choice, [t.function.name for t in req.tools or []]
+    if choice == "required" and not names:
+        raise ApiError(400, "tool_choice 'required' needs tools", param="tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.get("name") not in names:
+        raise ApiError(400, f"tool_choice names function {choice.function.get('name')!r}, which is not in tools "
+                       f"{names}", param="tool_choice")
 
 
-def to_sampling_params(req: SamplingFields, vocab_size: int) -> SamplingParams:
-    """Build SamplingParams; max_tokens None means up to the context length (the engine clamps)."""
+def _max_tokens(req: SamplingFields, defaults: dict[str, Any]) -> int | None:
     max_tokens = req.max_tokens
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens
+    if max_tokens == 0:  # a completion with echo: the prompt alone (vLLM makes one token and drops it)
+        if not (isinstance(req, CompletionRequest) and req.echo):
+            raise ApiError(400, "max_tokens must be at least 1 (0 only with echo)", param="max_tokens")
+        return 1
+    return max_tokens_cap(max_tokens, defaults)
+
+
+def _prompt_logprobs(req: SamplingFields) -> int | None:
+    if req.prompt_logprobs is None and isinstance(req, CompletionRequest) and req.echo:
+        return req.logprobs  # vLLM: an echoed prompt is scored with the answer's logprobs
+    return req.prompt_logprobs
+
+
+def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """Build SamplingParams; max_tokens None means up to the context length (the engine clamps). `defaults` are
+    the server's generation-config defaults for the sampling fields the request leaves out."""
+    defaults = defaults or {}
     mode = req.logprobs_mode or "raw_logprobs"
     if mode not in LOGPROBS_MODES:
         raise ApiError(400, f"logprobs_mode {mode!r} is not supported; use one of {list(LOGPROBS_MODES)}",
                        param="logprobs_mode")
-    if req.prompt_logprobs:
-        raise ApiError(400, "prompt_logprobs > 0 (top alternatives per prompt token) is not supported; use 0 for "
-                       "each prompt token's own logprob", param="prompt_logprobs")
+    check_vllm_fields(req)
+    check_prompt_logprobs(req.prompt_logprobs, req.stream)
     check_stops(req.stop)
     check_logit_bias(req.logit_bias)
     bad_stop = [t for t in req.stop_token_ids or [] if not 0 <= t < vocab_size]
@@ -243,14 +273,15 @@ def to_sampling_params(req: SamplingFields, vocab_size: int) -> SamplingParams:
                        param="stop_token_ids")
     try:
         return SamplingParams(
-            n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-            min_p=req.min_p or 0.0, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
-            stop=req.stop, stop_token_ids=req.stop_token_ids, include_stop_str_in_output=req.include_stop_str_in_output,
-            ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            n=req.n, temperature=sampling_value("temperature", req.temperature, defaults),
+            top_p=sampling_value("top_p", req.top_p, defaults), top_k=sampling_value("top_k", req.top_k, defaults),
+            min_p=sampling_value("min_p", req.min_p, defaults), seed=req.seed, max_tokens=_max_tokens(req, defaults),
+            min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
+            include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
+            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+            repetition_penalty=sampling_value("repetition_penalty", req.repetition_penalty, defaults),
             logit_bias=_logit_bias(req.logit_bias, vocab_size), logprobs=_top_logprobs(req),
-            prompt_logprobs=req.prompt_logprobs, logprobs_mode=mode, skip_special_tokens=req.skip_special_tokens)
+            prompt_logprobs=_prompt_logprobs(req), logprobs_mode=mode, skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=structured_outputs_params(req))
     except ValueError as e:
         raise ApiError(400, str(e)) from None

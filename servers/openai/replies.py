@@ -40,7 +40,8 @@ class ToolCallDelta(ToolCallOut):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's current name
+    reasoning_content: str | None = None  # its deprecated alias (same text)
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
     prompt_token_ids: list[int] | None = None
     generation_token_ids: list[int] | None = None
@@ -78,6 +79,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
@@ -104,8 +106,8 @@ class ChatCompletionChunk(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[float | None] = Field(default_factory=list)  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] | None = None  # the chosen token + the top k, for every k
     text_offset: list[int] = Field(default_factory=list)
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.media import MediaLimits, MediaProcessor
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.serving import EngineBackend, LocalBackend
 from servers.openai.config import ServerConfig
+from servers.openai.generation_defaults import load_generation_defaults, log_generation_defaults
 from servers.openai.media import MediaFetcher, MediaResolver
-from servers.openai.metrics import Metrics
+from servers.openai.metrics import Metrics, Reading
 from servers.openai.outputs import OutputParser, build_output_parser
 from servers.openai.pause import PauseGate
 
@@ -24,15 +26,18 @@ class ServerState:
     media: MediaResolver
     parser: OutputParser
     gate: PauseGate
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # generation_config defaults (vLLM's rule)
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def gauges(self) -> dict[str, float]:
+    def gauges(self) -> Reading:
+        """What /metrics reads now: the backend's gauges and counters, the media caches', the pause gate's."""
         media_cache = self.media.processor.cache
-        return {**self.backend.engine_gauges(),
-                "media_cache_hits": media_cache.hits, "media_cache_misses": media_cache.misses,
-                "media_uuid_cache_hits": self.media.uuid_hits,
-                "weight_version": self.backend.weight_version, "paused": int(self.gate.paused)}
+        return Reading({**self.backend.engine_gauges(),
+                        "media_cache_hits": media_cache.hits, "media_cache_misses": media_cache.misses,
+                        "media_uuid_cache_hits": self.media.uuid_hits,
+                        "weight_version": self.backend.weight_version, "paused": int(self.gate.paused)},
+                       self.config.model_name)
 
     async def aclose(self) -> None:
         self.backend.shutdown()
@@ -52,9 +57,14 @@ def build_backend(config: ServerConfig) -> EngineBackend:
 
 def build_state(config: ServerConfig, backend: EngineBackend | None = None) -> ServerState:
     """Load the backend (unless given) and wire the media pipeline, parsers and pause gate to it."""
+    defaults = load_generation_defaults(config.generation_config, config.model_dir)  # a bad one fails first
+    log_generation_defaults(config.generation_config, defaults)
     backend = backend or build_backend(config)
     limits = MediaLimits(max_bytes=config.fetch.max_bytes, max_sampled_frames=config.caps.max_video_frames)
-    media = MediaResolver(MediaFetcher(config.fetch), MediaProcessor(limits=limits),
+    image_options, video_options = backend.preparer.media_defaults.processor_options()  # the checkpoint's patch spec
+    media = MediaResolver(MediaFetcher(config.fetch), MediaProcessor(limits=limits, image_options=image_options,
+                                                                     video_options=video_options),
                           backend.preparer.media_defaults, config.caps)
     return ServerState(config, backend, backend.preparer, media,
-                       build_output_parser(config.reasoning_parser, config.tool_parser), PauseGate(backend))
+                       build_output_parser(config.reasoning_parser, config.tool_parser), PauseGate(backend),
+                       defaults)

@@ -20,7 +20,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
         prompt = await build_chat_prompt(
             state, req.messages, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
-            mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools)
+            mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools, chat_template=req.chat_template)
     else:
         text = req.prompt or ""
         check_text(state.preparer.tokenizer, state.backend.max_model_len, [text], "prompt")

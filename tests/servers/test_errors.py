@@ -57,10 +57,10 @@ def test_unknown_fields_are_named(server):
 
 def test_unhonoured_params_are_400(server):
     assert_error(post(server, "/v1/chat/completions", chat("hi", logprobs_mode="raw_logits")), 400, "logprobs_mode")
-    assert_error(post(server, "/v1/chat/completions", chat("hi", tool_choice="required", tools=[
-        {"type": "function", "function": {"name": "f"}}])), 400, "tool_choice")
+    assert_error(post(server, "/v1/chat/completions", chat("hi", tool_choice={"type": "function", "function": {
+        "name": "g"}}, tools=[{"type": "function", "function": {"name": "f"}}])), 400, "tool_choice")
     assert_error(post(server, "/v1/chat/completions", chat("hi", top_logprobs=2)), 400, "logprobs")
-    assert_error(post(server, "/v1/chat/completions", chat("hi", prompt_logprobs=3)), 400, "prompt_logprobs")
+    assert_error(post(server, "/v1/chat/completions", chat("hi", prompt_logprobs=21)), 400, "prompt_logprobs")
 
 
 def test_bad_image_is_400_and_unsupported_is_415(server):

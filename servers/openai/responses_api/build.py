@@ -36,11 +36,14 @@ class ItemIds:
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "stop", "stop_token_ids",
-                   "skip_special_tokens", "chat_template_kwargs", "mm_processor_kwargs", "request_id", "user")
+                   "skip_special_tokens", "chat_template_kwargs", "mm_processor_kwargs", "request_id", "user",
+                   "priority", "cache_salt")
 
 
 def _check_supported(req: ResponsesRequest) -> None:
-    unsupported = {"previous_response_id": req.previous_response_id, "background": req.background}
+    unsupported = {"previous_response_id": req.previous_response_id, "background": req.background,
+                   "prompt": req.prompt, "enable_response_messages": req.enable_response_messages,
+                   "previous_input_messages": req.previous_input_messages}
     for name, value in unsupported.items():
         if value:
             raise ApiError(400, f"{name} is not supported by this server's /v1/responses", param=name)
@@ -67,7 +70,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     return ChatCompletionRequest(
         messages=messages, max_tokens=req.max_output_tokens, logprobs=logprobs,
         top_logprobs=req.top_logprobs if logprobs else None, tools=tools, tool_choice=req.tool_choice,  # type: ignore[arg-type]
-        **{name: getattr(req, name) for name in SAMPLING_FIELDS})
+        reasoning_effort=(req.reasoning or {}).get("effort"), **{name: getattr(req, name) for name in SAMPLING_FIELDS})
 
 
 def output_items(parsed: Parsed, comp: CompletionOutput, prompt_token_ids: list[int],

@@ -114,7 +114,14 @@ class ResponsesRequest(Strict):
     user: str | None = None
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["auto", "disabled"] | None = None  # "auto" behaves as "disabled", as in vLLM
+    max_tool_calls: int | None = Field(default=None, ge=0)  # built-in tools only: there are none here
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # one tier here
+    prompt: dict[str, Any] | None = None  # stored prompt templates: a 400, as in vLLM
+    priority: int = 0  # vLLM's extensions, as for chat
+    cache_salt: str | None = None
+    enable_response_messages: bool = False  # vLLM: gpt-oss (harmony) only
+    previous_input_messages: list[Any] | None = None  # vLLM: harmony only
     seed: int | None = None
     top_k: int | None = None
     min_p: float | None = None

@@ -1,0 +1,145 @@
+"""Structured-output request fields (response_format, structured_outputs, vLLM's guided_*, a forced tool_choice)
+to the one StructuredOutputsParams of a request."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mm_infer.structured.params import KINDS, StructuredOutputsParams
+from servers.openai.outputs import HermesToolParser, OutputParser
+from servers.openai.replies import ApiError
+
+if TYPE_CHECKING:
+    from servers.openai.protocol import SamplingFields, Tool
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+TOOL_CALL_BEGIN, TOOL_CALL_END = "<tool_call>\n", "\n</tool_call>"  # what outputs.HermesToolParser reads
+
+
+class JsonSchemaSpec(BaseModel):
+    """OpenAI's response_format.json_schema; `strict` is accepted: the schema is always enforced."""
+
+    model_config = _STRICT
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = _STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's `structured_outputs` body field: one constraint, plus options that also apply to response_format and a
+    forced tool_choice."""
+
+    model_config = _STRICT
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
+class StructuredFields(BaseModel):
+    """The request fields that constrain the output (chat and completions)."""
+
+    model_config = _STRICT
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older names for the structured_outputs kinds
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+
+def forced_tools(req: SamplingFields) -> list[Tool] | None:
+    """The tools a tool_choice of "required" (any of them) or a named function (that one) forces, else None."""
+    choice, tools = getattr(req, "tool_choice", None), getattr(req, "tools", None) or []
+    if choice == "required":
+        return tools
+    if choice is not None and not isinstance(choice, str):
+        return [t for t in tools if t.function.name == choice.function.get("name")]
+    return None
+
+
+def request_parser(parser: OutputParser, req: SamplingFields) -> OutputParser:
+    """The server's parsers for this request; a forced tool_choice's calls (hermes markup the grammar wrote) are
+    parsed as tool_calls whatever --tool-parser says."""
+    return parser if forced_tools(req) is None else OutputParser(parser.reasoning, HermesToolParser())
+
+
+def _tool_tag(tool: Tool, max_whitespace: int | None) -> dict[str, Any]:
+    """One hermes call: fixed text around the JSON arguments the function's parameters schema allows."""
+    params = tool.function.parameters or {"type": "object", "properties": {}}
+    begin = TOOL_CALL_BEGIN + '{"name": ' + json.dumps(tool.function.name, ensure_ascii=False) + ', "arguments": '
+    return {"type": "tag", "begin": begin, "end": "}" + TOOL_CALL_END,
+            "content": {"type": "json_schema", "json_schema": params, "max_whitespace_cnt": max_whitespace}}
+
+
+def tool_call_tag(req: SamplingFields, tools: list[Tool], compact: bool) -> str:
+    """xgrammar structural tag (JSON text) for the forced calls: one call of a named function; for "required", one
+    or more calls of any tool (one only when parallel_tool_calls is false)."""
+    tags = [_tool_tag(t, 1 if compact else None) for t in tools]
+    if getattr(req, "tool_choice", None) != "required":
+        fmt: dict[str, Any] = tags[0]
+    else:
+        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+               "stop_after_first": getattr(req, "parallel_tool_calls", None) is False}
+    return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
+
+
+def _response_format(fmt: ResponseFormat | None) -> tuple[str, Any] | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return "json_object", True
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ApiError(400, "response_format of type json_schema needs json_schema.schema", param="response_format")
+    return "json", fmt.json_schema.schema_
+
+
+OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+
+
+def _constraints(req: SamplingFields, given: StructuredOutputsRequest) -> list[tuple[str, str, Any]]:
+    """(request field, kind, spec) of every constraint the request gives."""
+    body = given.model_dump(by_alias=True)
+    found = [("structured_outputs", k, body[k]) for k in KINDS if body[k] not in (None, False)]
+    if (fmt := _response_format(getattr(req, "response_format", None))) is not None:
+        found.append(("response_format", *fmt))
+    for kind in ("json", "regex", "choice", "grammar"):
+        if (value := getattr(req, f"guided_{kind}", None)) is not None:
+            found.append((f"guided_{kind}", kind, value))
+    if (tools := forced_tools(req)) is not None:
+        found.append(("tool_choice", "structural_tag", tool_call_tag(req, tools, given.disable_any_whitespace)))
+    return found
+
+
+def structured_outputs_params(req: SamplingFields) -> StructuredOutputsParams | None:
+    """The request's one output constraint, or None; two constraints, or a malformed one, are a 400."""
+    given = getattr(req, "structured_outputs", None)
+    found = _constraints(req, given or StructuredOutputsRequest())
+    if not found:
+        if given is not None:
+            raise ApiError(400, "structured_outputs needs one of " + ", ".join(KINDS), param="structured_outputs")
+        return None
+    if len(found) > 1:
+        raise ApiError(400, "only one output constraint per request; got " + " and ".join(
+            f"{field} ({kind})" for field, kind, _ in found), param=found[1][0])
+    field, kind, spec = found[0]
+    options = {k: getattr(given, k) for k in OPTIONS} if given is not None else {}
+    try:
+        return StructuredOutputsParams(**{kind: spec}, **options)
+    except ValueError as e:
+        raise ApiError(400, str(e), param=field) from None

@@ -1,0 +1,85 @@
+"""Builders for the Qwen3-VL tests: tiny checkpoints, prompts laid out as the HF processor writes them, oracles."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from model_cases import REPO, TEXT_VOCAB, Prompt, hf_inputs
+from torch import Tensor
+
+from mm_infer.models import load_model
+from mm_infer.prompt.mrope import get_mrope_positions
+
+QWEN3 = {
+    "qwen3_vl": REPO / "assets" / "models" / "tiny-qwen3-vl",
+    "qwen3_vl_moe": REPO / "assets" / "models" / "tiny-qwen3-vl-moe",
+}
+PROMPTS = {
+    "text_only": [23],
+    "one_image": [5, ("image", 1, 8, 12), 7],
+    "two_images": [4, ("image", 1, 4, 8), 3, ("image", 1, 6, 6), 5],
+    "video": [6, ("video", 3, 8, 8), 4],
+    "image_and_video": [3, ("image", 1, 8, 12), 2, ("video", 2, 4, 8), 5],
+    "long_video": [2, ("video", 6, 4, 4), 3],  # t > h/merge: where text resumes after the frames
+}
+TIMESTAMP_TOKENS = 4  # stand-in length of the "<1.5 seconds>" text the processor writes before each frame
+
+
+@cache
+def ours(kind: str):
+    return load_model(QWEN3[kind], dtype=torch.float32)
+
+
+@cache
+def hf(kind: str) -> torch.nn.Module:
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(QWEN3[kind], dtype=torch.float32).eval()
+
+
+def build_prompt(cfg, parts: list, seed: int = 0) -> Prompt:
+    """parts: ints (random text tokens), ("image", t, h, w) or ("video", t, h, w).
+
+    A video is written per temporal patch, as Qwen3VLProcessor does: timestamp text, then
+    <|vision_start|> pads <|vision_end|>; pixel rows are random.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    merge2 = cfg.vision.spatial_merge_size**2
+    text = lambda n: torch.randint(0, TEXT_VOCAB, (n,), generator=gen).tolist()  # noqa: E731
+    ids: list[int] = []
+    grids: dict[str, list[list[int]]] = {"image": [], "video": []}
+    for part in parts:
+        if isinstance(part, int):
+            ids += text(part)
+            continue
+        kind, t, h, w = part
+        grids[kind].append([t, h, w])
+        run = [cfg.vision_start_token_id, *[cfg.image_token_id if kind == "image" else cfg.video_token_id]
+               * (h * w // merge2), cfg.vision_end_token_id]
+        ids += run if kind == "image" else [tok for _ in range(t) for tok in text(TIMESTAMP_TOKENS) + run]
+
+    def pixels(kind: str) -> Tensor | None:
+        n = sum(t * h * w for t, h, w in grids[kind])
+        return torch.randn(n, cfg.vision.patch_dim, generator=gen) if n else None
+
+    return Prompt(torch.tensor(ids), grids["image"], grids["video"], pixels("image"), pixels("video"))
+
+
+def positions(cfg, prompt: Prompt) -> tuple[Tensor, int]:
+    return get_mrope_positions(
+        prompt.input_ids, prompt.image_grid_thw, prompt.video_grid_thw,
+        image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,
+        vision_start_token_id=cfg.vision_start_token_id, spatial_merge_size=cfg.vision.spatial_merge_size,
+        frame_runs=True,
+    )
+
+
+def our_logits(model, cfg, prompt: Prompt, pos: Tensor | None = None) -> Tensor:
+    pos = positions(cfg, prompt)[0] if pos is None else pos
+    return model(prompt.input_ids, pos, prompt.pixel_values, prompt.image_grid_thw,
+                 prompt.pixel_values_videos, prompt.video_grid_thw)
+
+
+def hf_logits(kind: str, cfg, prompt: Prompt) -> Tensor:
+    return hf(kind)(**hf_inputs(cfg, prompt)).logits[0]
