@@ -19,7 +19,17 @@ REPO = Path(__file__).resolve().parents[1]
 IMAGE, START, END, PAD = 3006, 3003, 3004, 3000
 
 
-def make_requests(n: int, seed: int) -> list[dict]:
+def patch_row_width(model_dir: str) -> int:
+    """Pixel values per patch row for this checkpoint (1176 for Qwen2-VL's patch 14, 1536 for Qwen3-VL's 16)."""
+    import json
+
+    from mm_infer.media.patchify import PatchSpec
+
+    cfg_path = Path(model_dir) / "preprocessor_config.json"
+    return PatchSpec.from_config(json.loads(cfg_path.read_text()) if cfg_path.exists() else {}).row_width
+
+
+def make_requests(n: int, seed: int, width: int = 1176) -> list[dict]:
     """n prompts: one image each (16..64 tokens), 8..200 text tokens around it, all different."""
     from mm_infer.media.packed import PackedTensor
 
@@ -30,7 +40,7 @@ def make_requests(n: int, seed: int) -> list[dict]:
         t, h, w = grids[i % len(grids)]
         before = torch.randint(0, 3000, (int(torch.randint(4, 100, (1,), generator=gen)),), generator=gen).tolist()
         after = torch.randint(0, 3000, (int(torch.randint(4, 100, (1,), generator=gen)),), generator=gen).tolist()
-        img = PackedTensor(torch.randn(t * h * w, 1176, generator=gen), torch.tensor([[t, h, w]]), torch.tensor([1]))
+        img = PackedTensor(torch.randn(t * h * w, width, generator=gen), torch.tensor([[t, h, w]]), torch.tensor([1]))
         out.append({"prompt_token_ids": before + [START, IMAGE, END] + after, "multi_modal_data": {"image": img}})
     return out
 
@@ -83,10 +93,12 @@ def main() -> None:
 
     llm, startup = timed(lambda: LLM(args.model, cpu_threads=args.threads))
     print(f"mm-infer startup: {startup:.2f} s (LLM() after `import torch`; threads={args.threads})")
-    requests = make_requests(args.requests, seed=0)
+    width = patch_row_width(args.model)
+    requests = make_requests(args.requests, seed=0, width=width)
     # min_tokens = max_tokens masks EOS exactly like HF's min_new_tokens (ignore_eos would sample it and go on)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, min_tokens=args.max_tokens)
-    llm.generate(make_requests(4, seed=99), SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+    warm = make_requests(4, seed=99, width=width)
+    llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
 
     from transformers import AutoModelForImageTextToText
 
@@ -128,7 +140,7 @@ def main() -> None:
     print(f"greedy sequences identical to HF batched: {same}/{len(outs)}")
     print(f"CPU-time ratio mm-infer / HF: {(ours_tokens / ours_cpu) / (hf_tokens / hf_cpu):.2f}x")
 
-    group = make_requests(args.group_prompts, seed=1)
+    group = make_requests(args.group_prompts, seed=1, width=width)
     before = llm.engine.stats()
     sampled = SamplingParams(n=args.samples, temperature=1.0, seed=0, max_tokens=args.max_tokens,
                              min_tokens=args.max_tokens)

@@ -1,4 +1,4 @@
-"""Qwen2-VL / Qwen2.5-VL model code: vision towers, M-RoPE LM over flat batches, safetensors loading."""
+"""Qwen2-VL / Qwen2.5-VL / Qwen3-VL (+MoE) model code: vision towers, M-RoPE LM over flat batches, loading."""
 
 from mm_infer.models.attention import AttentionContext, DenseAttentionContext
 from mm_infer.models.config import ModelConfig, TextConfig, VisionConfig, load_config, parse_config
