@@ -91,7 +91,8 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                        videos=[it for it in items if it.modality == "video"], cache_salt=cache_salt)
 
 
-def _parse(state: ServerState, req: ChatCompletionRequest, text: str, final: bool) -> Parsed:
+def parse_chat_output(state: ServerState, req: ChatCompletionRequest, text: str, final: bool) -> Parsed:
+    """The answer text as content, reasoning and tool calls (a forced tool_choice parses without --tool-parser)."""
     use_tools = bool(req.tools) and req.tool_choice != "none"
     parser = request_parser(state.parser, req)
     return parser.parse(text, final, use_tools) if parser.active else Parsed(text)
@@ -117,7 +118,7 @@ def _calls(req: ChatCompletionRequest, parsed: Parsed) -> list[ParsedToolCall]:
 
 
 def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, comp: CompletionOutput) -> ChatChoice:
-    parsed = _parse(state, req, comp.text, True)
+    parsed = parse_chat_output(state, req, comp.text, True)
     reasoning = parsed.reasoning_content if req.include_reasoning else None
     content = parsed.content if parsed.content or not parsed.tool_calls else None
     echo = echo_text(req)
@@ -164,7 +165,7 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
     content, reasoning = comp.text, ""
     if request_parser(state.parser, req).active:  # the parsers read the whole text: markup may span deltas
         sent.raw.append(comp.text)
-        parsed = _parse(state, req, "".join(sent.raw), final)
+        parsed = parse_chat_output(state, req, "".join(sent.raw), final)
         content = parsed.content[len(sent.content):] if parsed.content.startswith(sent.content) else ""
         reasoning_now = parsed.reasoning_content or ""
         reasoning = reasoning_now[len(sent.reasoning):] if reasoning_now.startswith(sent.reasoning) else ""

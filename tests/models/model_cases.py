@@ -15,6 +15,15 @@ CHECKPOINTS = {
 }
 TOL = 1e-4
 TEXT_VOCAB = 3000  # ids below this are plain BPE tokens in the tiny tokenizers
+# Prompt layouts shared by the Qwen2 and Qwen3 parity tests: ints are random text tokens, tuples media grids (t, h, w)
+PROMPTS = {
+    "text_only": [23],
+    "one_image": [5, ("image", 1, 8, 12), 7],
+    "two_images": [4, ("image", 1, 4, 8), 3, ("image", 1, 6, 6), 5],
+    "video": [6, ("video", 3, 8, 8), 4],
+    "image_and_video": [3, ("image", 1, 8, 12), 2, ("video", 2, 4, 8), 5],
+    "long_video": [2, ("video", 6, 4, 4), 3],  # t > h/merge: checks where text resumes after a video
+}
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 import torch
-from model_cases import REPO, TEXT_VOCAB, Prompt, hf_inputs
+from model_cases import PROMPTS, REPO, TEXT_VOCAB, Prompt, hf_inputs  # noqa: F401 (PROMPTS for the qwen3 tests)
 from torch import Tensor
 
 from mm_infer.models import load_model
@@ -14,14 +14,6 @@ from mm_infer.prompt.mrope import get_mrope_positions
 QWEN3 = {
     "qwen3_vl": REPO / "assets" / "models" / "tiny-qwen3-vl",
     "qwen3_vl_moe": REPO / "assets" / "models" / "tiny-qwen3-vl-moe",
-}
-PROMPTS = {
-    "text_only": [23],
-    "one_image": [5, ("image", 1, 8, 12), 7],
-    "two_images": [4, ("image", 1, 4, 8), 3, ("image", 1, 6, 6), 5],
-    "video": [6, ("video", 3, 8, 8), 4],
-    "image_and_video": [3, ("image", 1, 8, 12), 2, ("video", 2, 4, 8), 5],
-    "long_video": [2, ("video", 6, 4, 4), 3],  # t > h/merge: where text resumes after the frames
 }
 TIMESTAMP_TOKENS = 4  # stand-in length of the "<1.5 seconds>" text the processor writes before each frame
 

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_cases import CHECKPOINTS, TOL, build_prompt, hf_inputs, max_diff, our_logits, our_positions
+from model_cases import CHECKPOINTS, PROMPTS, TOL, build_prompt, hf_inputs, max_diff, our_logits, our_positions
 
 from mm_infer.models import DenseAttentionContext, load_model
 from mm_infer.prompt.mrope import decode_positions
-
-PROMPTS = {
-    "text_only": [23],
-    "one_image": [5, ("image", 1, 8, 12), 7],
-    "two_images": [4, ("image", 1, 4, 8), 3, ("image", 1, 6, 6), 5],
-    "video": [6, ("video", 3, 8, 8), 4],
-    "image_and_video": [3, ("image", 1, 8, 12), 2, ("video", 2, 4, 8), 5],
-    "long_video": [2, ("video", 6, 4, 4), 3],  # t > h/merge: checks where text resumes after a video
-}
 
 
 def prompt_for(cfg, name: str, seed: int = 0):

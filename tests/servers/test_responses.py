@@ -120,7 +120,7 @@ def test_function_call_and_reasoning_items_render_like_chat(client):
 @pytest.mark.parametrize("body, param", [
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
+    ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "x", "surprise": 1}, "surprise"),
     ({"input": [{"role": "user", "content": "a", "prompt_token_ids": [1], "generation_token_ids": [2]}]}, "input[0]"),
     ({"input": []}, "input"),

@@ -129,3 +129,23 @@ def test_invalid_constraints_are_400_naming_the_problem(client, kw, words):
     with pytest.raises(openai.BadRequestError) as err:
         chat(client, **kw)
     assert words in err.value.message
+
+
+
+def test_responses_text_format_and_a_named_tool_become_the_chat_constraints(client):
+    """/v1/responses: text.format (flat json_schema) and a named tool_choice reach the chat request that runs."""
+    from servers.openai.responses_api.build import to_chat_request
+    from servers.openai.responses_api.protocol import ResponsesRequest
+
+    chat_req = to_chat_request(ResponsesRequest(input="x", text={"format": {
+        "type": "json_schema", "name": "weather", "schema": SCHEMA, "strict": True}}))
+    assert chat_req.response_format.type == "json_schema" and chat_req.response_format.json_schema.schema_ == SCHEMA
+    assert to_chat_request(ResponsesRequest(input="x", text={"format": {"type": "json_object"}})).response_format.type \
+        == "json_object"
+    tools = [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]
+    named = to_chat_request(ResponsesRequest(input="x", tools=tools, tool_choice={"type": "function",
+                                                                               "name": "get_weather"}))
+    assert named.tool_choice.function == {"name": "get_weather"}
+    for bad in ({"format": {"type": "yaml"}}, {"format": {"type": "json_schema", "name": "n"}}):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model=MODEL, input="x", max_output_tokens=4, text=bad)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
+from servers.openai.chat import parse_chat_output
 from servers.openai.outputs import Parsed, chat_logprobs, json_logprobs
-from servers.openai.protocol import ChatCompletionRequest, FunctionDef, Tool
+from servers.openai.protocol import ChatCompletionRequest, FunctionDef, NamedToolChoice, Tool
 from servers.openai.replies import ApiError, TokenLogprob
 from servers.openai.responses_api.inputs import to_chat_messages
 from servers.openai.responses_api.objects import (
@@ -22,6 +24,7 @@ from servers.openai.responses_api.objects import (
 )
 from servers.openai.responses_api.protocol import ResponsesRequest
 from servers.openai.state import ServerState
+from servers.openai.structured import JsonSchemaSpec, ResponseFormat
 
 
 @dataclass
@@ -49,13 +52,32 @@ def _check_supported(req: ResponsesRequest) -> None:
             raise ApiError(400, f"{name} is not supported by this server's /v1/responses", param=name)
     if bad := sorted(set(req.include or []) - {LOGPROBS_INCLUDE}):
         raise ApiError(400, f"include {bad} is not supported; only {LOGPROBS_INCLUDE!r}", param="include")
+
+
+def _response_format(req: ResponsesRequest) -> ResponseFormat | None:
+    """Responses' flat text.format ({"type": "json_schema", "name", "schema", "strict"}) as chat's response_format."""
     fmt = (req.text or {}).get("format", {"type": "text"})
-    if not isinstance(fmt, dict) or fmt.get("type") != "text":
-        raise ApiError(400, "text.format other than 'text' needs guided decoding, which this server does not do",
-                       param="text")
-    if isinstance(req.tool_choice, dict):
-        raise ApiError(400, "a named tool_choice needs guided decoding, which this server does not do",
-                       param="tool_choice")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ApiError(400, "text.format.type must be 'text', 'json_object' or 'json_schema'", param="text.format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat(type="json_object")
+    spec = {k: v for k, v in fmt.items() if k in ("name", "description", "schema", "strict")}
+    if not isinstance(spec.get("schema"), dict):
+        raise ApiError(400, "text.format json_schema needs a 'schema' object", param="text.format.schema")
+    return ResponseFormat(type="json_schema", json_schema=JsonSchemaSpec(**spec))
+
+
+def _tool_choice(req: ResponsesRequest) -> Any:
+    """Responses' named choice {"type": "function", "name": N} as chat's {"type": "function", "function": {...}}."""
+    choice = req.tool_choice
+    if not isinstance(choice, dict):
+        return choice
+    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+        raise ApiError(400, "a named tool_choice is {'type': 'function', 'name': ...}", param="tool_choice")
+    return NamedToolChoice(function={"name": choice["name"]})
 
 
 def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
@@ -69,7 +91,8 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
                                        strict=t.strict)) for t in req.tools] if req.tools else None
     return ChatCompletionRequest(
         messages=messages, max_tokens=req.max_output_tokens, logprobs=logprobs,
-        top_logprobs=req.top_logprobs if logprobs else None, tools=tools, tool_choice=req.tool_choice,  # type: ignore[arg-type]
+        top_logprobs=req.top_logprobs if logprobs else None, tools=tools, tool_choice=_tool_choice(req),
+        response_format=_response_format(req),
         reasoning_effort=(req.reasoning or {}).get("effort"), **{name: getattr(req, name) for name in SAMPLING_FIELDS})
 
 
@@ -96,8 +119,7 @@ def output_items(parsed: Parsed, comp: CompletionOutput, prompt_token_ids: list[
 
 
 def parse_output(state: ServerState, chat: ChatCompletionRequest, text: str, final: bool) -> Parsed:
-    use_tools = bool(chat.tools) and chat.tool_choice != "none"
-    return state.parser.parse(text, final, use_tools) if state.parser.active else Parsed(text)
+    return parse_chat_output(state, chat, text, final)
 
 
 def response_head(state: ServerState, req: ResponsesRequest, rid: str, created: int) -> ResponseObject:
