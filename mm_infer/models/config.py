@@ -165,24 +165,19 @@ def _vision_config(kind: str, v: dict[str, Any], text_hidden: int) -> VisionConf
             out_dim=v.get("hidden_size", text_hidden),
             **common,
         )
-    if kind == "qwen3_vl":
-        return VisionConfig(
-            embed_dim=v["hidden_size"],
-            mlp_hidden=v["intermediate_size"],
-            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
-            out_dim=v.get("out_hidden_size", text_hidden),
-            num_position_embeddings=v.get("num_position_embeddings", 2304),
-            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", (8, 16, 24))),
-            **common,
-        )
+    extra: dict[str, Any] = (
+        dict(num_position_embeddings=v.get("num_position_embeddings", 2304),
+             deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", (8, 16, 24))))
+        if kind == "qwen3_vl" else
+        dict(window_size=v.get("window_size", 112),
+             fullatt_block_indexes=tuple(v.get("fullatt_block_indexes", (7, 15, 23, 31))),
+             tokens_per_second=v.get("tokens_per_second", 4)))
     return VisionConfig(
         embed_dim=v["hidden_size"],
         mlp_hidden=v["intermediate_size"],
-        hidden_act=v.get("hidden_act", "silu"),
+        hidden_act=v.get("hidden_act", "gelu_pytorch_tanh" if kind == "qwen3_vl" else "silu"),
         out_dim=v.get("out_hidden_size", text_hidden),
-        window_size=v.get("window_size", 112),
-        fullatt_block_indexes=tuple(v.get("fullatt_block_indexes", (7, 15, 23, 31))),
-        tokens_per_second=v.get("tokens_per_second", 4),
+        **extra,
         **common,
     )
 
