@@ -14,6 +14,7 @@ from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext
 from mm_infer.engine.scheduler import ScheduledChunk
 from mm_infer.models.language import DeepStack
+from mm_infer.models.moe import SparseMoE
 from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.mrope import decode_positions
 from mm_infer.prompt.request import MediaItem, VLMRequest
@@ -57,6 +58,10 @@ class ModelRunner:
                  batch_invariant: bool = False, static_decode: StaticDecode | None = None) -> None:
         self.model = model
         self.min_rows = MIN_ROWS if batch_invariant else 0  # pad batches to this many rows; media items under it alone
+        if batch_invariant and model.device.type != "cuda":  # MoE experts: each group padded to MIN_ROWS too
+            for module in model.modules():
+                if isinstance(module, SparseMoE):
+                    module.min_group_rows = MIN_ROWS
         text = model.config.text
         # one more block than the block manager hands out: the scratch block of static decode's padding rows
         self.kv = KVCache.allocate(text.num_layers, num_kv_blocks + 1, block_size, text.num_kv_heads,

@@ -43,6 +43,20 @@ class Experts(nn.Module):
         gate, up = grouped_linear(x, self.gate_up_proj, counts).chunk(2, dim=-1)  # [M, I] each
         return grouped_linear(self.act(gate) * up, self.down_proj, counts)
 
+    def forward_padded(self, x: Tensor, counts: Tensor, min_rows: int) -> Tensor:  # [M, H] -> [M, H]
+        """forward with each expert's group run alone, zero-padded to >= min_rows rows (batch_invariant on CPU).
+
+        CPU GEMMs are row-invariant from 16 rows up, so a token's result no longer depends on how many other
+        tokens of the batch chose its expert. One host sync for the group sizes."""
+        out = []
+        for e, part in enumerate(x.split(counts.tolist())):  # [n_e, H]
+            if part.shape[0] == 0:
+                continue
+            padded = torch.cat([part, part.new_zeros(max(min_rows - part.shape[0], 0), part.shape[1])])
+            gate, up = F.linear(padded, self.gate_up_proj[e]).chunk(2, dim=-1)  # [max(n_e, min_rows), I] each
+            out.append(F.linear(self.act(gate) * up, self.down_proj[e])[:part.shape[0]])
+        return torch.cat(out) if out else torch.zeros_like(x)
+
 
 class SparseMoE(nn.Module):
     """HF's Qwen3VLMoeTextSparseMoeBlock: probs = softmax(gate(x)), top-k renormalised, weighted sum of experts."""
@@ -50,6 +64,7 @@ class SparseMoE(nn.Module):
     def __init__(self, hidden: int, cfg: MoEConfig, act: str) -> None:
         super().__init__()
         self.top_k, self.num_experts = cfg.top_k, cfg.num_experts
+        self.min_group_rows = 0  # > 0 (the engine's CPU batch_invariant): experts run as padded per-expert GEMMs
         self.gate = nn.Linear(hidden, cfg.num_experts, bias=False)  # the router
         self.experts = Experts(cfg.num_experts, hidden, cfg.intermediate_size, act)
 
@@ -65,5 +80,7 @@ class SparseMoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # slots by expert, tokens ascending within one
         token = order // self.top_k  # [N*k]
         counts = torch.bincount(flat, minlength=self.num_experts)  # [E]
-        rows = self.experts(x[token], counts) * weights.reshape(-1)[order, None]  # [N*k, H]
+        grouped = (self.experts(x[token], counts) if not self.min_group_rows
+                   else self.experts.forward_padded(x[token], counts, self.min_group_rows))  # [N*k, H]
+        rows = grouped * weights.reshape(-1)[order, None]  # [N*k, H]
         return torch.zeros_like(x).index_add_(0, token, rows)

@@ -80,18 +80,23 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         return flat_token_ids(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _pixels(self, media: list[tuple[str, bytes]]) -> tuple[PackedTensor | None, PackedTensor | None, list[float]]:
+    def _pixels(self, media: list[tuple[str, bytes]]
+                ) -> tuple[PackedTensor | None, PackedTensor | None, list[float], list[list[float]] | None]:
+        """Images, videos, seconds per temporal patch and (Qwen3-VL) each video's frame timestamps, with the
+        checkpoint's patch spec and video processor, as the engine's preparer does."""
         d = self.defaults
         images = [b for k, b in media if k == "image"]
         videos = [b for k, b in media if k == "video"]
-        packed_images = (preprocess_images(images, min_pixels=d.image_min_pixels, max_pixels=d.image_max_pixels)
-                         if images else None)
-        packed_videos, seconds = None, []
+        packed_images = (preprocess_images(images, min_pixels=d.image_min_pixels, max_pixels=d.image_max_pixels,
+                                           spec=d.spec) if images else None)
+        packed_videos, seconds, stamps = None, [], None
         if videos:
+            qwen3 = {"sampler": "qwen3", "family": "qwen3"} if d.qwen3_video else {}
             packed_videos, metas = preprocess_videos(videos, fps=d.video_fps, min_pixels=d.video_min_pixels,
-                                                     max_pixels=d.video_max_pixels)
+                                                     max_pixels=d.video_max_pixels, spec=d.spec, **qwen3)
             seconds = [float(m.second_per_grid_ts) for m in metas]
-        return packed_images, packed_videos, seconds
+            stamps = d.timestamps(metas)
+        return packed_images, packed_videos, seconds, stamps
 
     def build(self, messages: list[dict[str, Any]]) -> Prompt:
         media: list[tuple[str, bytes]] = []
@@ -109,9 +114,9 @@ class PromptBuilder:
         if carried is not None:
             prefix = self.render(chat[:carried[0] + 1], add_generation_prompt=False)
             ids = replace_prefix_tokens(self.tokenizer, carried[1], prefix, ids)
-        images, videos, seconds = self._pixels(media)
+        images, videos, seconds, stamps = self._pixels(media)
         typed = PromptInput(token_ids=ids, images=items_from_packed("image", images) if images else [],
-                            videos=items_from_packed("video", videos, seconds) if videos else [])
+                            videos=items_from_packed("video", videos, seconds, stamps) if videos else [])
         req = build_request(self.tokenizer, self.ids, typed, merge_size=self.merge,
                             tokens_per_second=self.tokens_per_second)
         return Prompt(req.prompt_token_ids, images, videos, seconds or None)

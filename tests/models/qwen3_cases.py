@@ -15,6 +15,9 @@ QWEN3 = {
     "qwen3_vl": REPO / "assets" / "models" / "tiny-qwen3-vl",
     "qwen3_vl_moe": REPO / "assets" / "models" / "tiny-qwen3-vl-moe",
 }
+IMAGES, VIDEOS = REPO / "assets" / "media" / "images", REPO / "assets" / "media" / "videos"
+# at most 16 merged tokens per image (32 x 32 pixels each) and a few per video: keeps the engine tests fast
+SMALL_MEDIA = {"max_pixels": 32 * 32 * 16, "video_max_pixels": 32 * 32 * 8 * 4, "fps": 1.0}
 TIMESTAMP_TOKENS = 4  # stand-in length of the "<1.5 seconds>" text the processor writes before each frame
 
 
@@ -75,3 +78,22 @@ def our_logits(model, cfg, prompt: Prompt, pos: Tensor | None = None) -> Tensor:
 
 def hf_logits(kind: str, cfg, prompt: Prompt) -> Tensor:
     return hf(kind)(**hf_inputs(cfg, prompt)).logits[0]
+
+
+def chat_prompt(image: list[str] = (), video: list[str] = (), text: str = "Describe it.") -> dict:
+    """An engine prompt dict: one user turn with the named assets/media files (images first), then text."""
+    parts = [{"type": "image"} for _ in image] + [{"type": "video"} for _ in video]
+    prompt: dict = {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]}
+    media = {k: [str(root / n) for n in names] for k, root, names in (("image", IMAGES, image),
+                                                                       ("video", VIDEOS, video)) if names}
+    return prompt | ({"multi_modal_data": media, "mm_processor_kwargs": SMALL_MEDIA} if media else {})
+
+
+@torch.no_grad()
+def hf_completion_logprobs(kind: str, llm, request, completion: list[int]) -> Tensor:
+    """Logprobs [G] of `completion` after the engine's expanded prompt, from one teacher-forced HF forward."""
+    from mm_infer.rl import completion_logprobs, hf_inputs
+
+    ids = llm.engine.placeholder_ids
+    kw = hf_inputs(request, completion, image_pad_id=ids.image_pad_id, video_pad_id=ids.video_pad_id)
+    return completion_logprobs(hf(kind)(**kw).logits, completion)
