@@ -98,7 +98,7 @@ class LocalBackend:
         self.async_engine.abort(request_id)
 
     async def set_frozen(self, frozen: bool) -> None:
-        self.async_engine.set_frozen(frozen)
+        await asyncio.to_thread(self.async_engine.set_frozen, frozen)  # freezing waits for a step under way
 
     async def update_weights(self, bucket: Bucket, version: int) -> None:
         await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, bucket, version)

@@ -110,8 +110,8 @@ class EngineReplica:
         await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, bucket, version)
         return self.core.weight_version
 
-    def set_frozen(self, frozen: bool) -> None:
-        self.async_engine.set_frozen(frozen)
+    async def set_frozen(self, frozen: bool) -> None:
+        await asyncio.to_thread(self.async_engine.set_frozen, frozen)  # freezing waits for a step under way
 
     async def reset_caches(self) -> None:
         await asyncio.to_thread(self.async_engine.run_locked, self.core.reset_caches)

@@ -101,8 +101,13 @@ class AsyncEngine:
         return max(time.monotonic() - self.last_progress, 0.0)
 
     def set_frozen(self, frozen: bool) -> None:
-        """Freeze (no step runs; queued and running requests wait with their KV) or thaw the loop."""
+        """Freeze (no step runs; queued and running requests wait with their KV) or thaw the loop. Freezing returns
+        once a step already under way has landed: after it, nothing is generated until the thaw (it blocks for at
+        most one step; call it off the event loop)."""
         self.frozen = frozen
+        if frozen:
+            with self._control():  # the loop checks `frozen` under the lock before each step
+                pass
         self.last_progress = time.monotonic()  # a long freeze is not a stall
         self._wake.set()
 

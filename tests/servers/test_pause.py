@@ -117,8 +117,7 @@ def test_keep_freezes_in_flight_requests_until_resume(server, client, llm, pool)
     r = _post(server, "/pause", mode="keep")
     try:
         assert r.status_code == 200 and r.json()["num_paused_requests"] == 1
-        time.sleep(0.1)  # a step already under way may still land
-        frozen = _generated(server)
+        frozen = _generated(server)  # the pause returned after any step under way had landed
         time.sleep(0.4)
         assert _generated(server) == frozen < CAUGHT, "nothing may be generated while kept"
         assert not running.done()
