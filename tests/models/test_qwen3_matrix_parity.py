@@ -3,9 +3,7 @@ agree bit for bit, and ours agrees with the HF transformers reference server (--
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -13,20 +11,15 @@ from typing import Any
 
 import pytest
 import torch
-from model_cases import REPO
 from qwen3_cases import QWEN3
+from script_modules import load_script
 
 OPTIONS = {"num_kv_blocks": 256, "max_model_len": 2048, "cpu_threads": 1}
 
 
 @pytest.fixture(scope="module")
 def parity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("parity", REPO / "scripts" / "parity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["parity"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_script("parity")
 
 
 @pytest.fixture(scope="module", params=sorted(QWEN3))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
-from parity_cases import CKPT, REPO
+from parity_cases import CKPT
+from script_modules import load_script
 
 from servers.hf_reference.app import Options
 from servers.hf_reference.launch import ThreadServer
@@ -18,12 +17,7 @@ from servers.openai.launch import BackgroundServer, free_port
 
 @pytest.fixture(scope="session")
 def parity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("parity", REPO / "scripts" / "parity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["parity"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_script("parity")
 
 
 def _ours() -> BackgroundServer:
