@@ -30,6 +30,7 @@ from pathlib import Path
 import tiny_qwen3
 import torch
 from safetensors.torch import save_file
+from tiny_chat_template import CHAT_TEMPLATE
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 
 SPECIAL_TOKENS = [
@@ -39,24 +40,6 @@ SPECIAL_TOKENS = [
 PRETOKENIZE_REGEX = (  # Qwen2's pre-tokenizer split
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or content['type'] == 'image_url' or 'image' in content"
-    " or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or content['type'] == 'video_url' or 'video' in content"
-    " or 'video_url' in content %}{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 _TINY_TEXT = dict(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, mrope=[4, 6, 6])
 PRESETS: dict[str, dict] = {

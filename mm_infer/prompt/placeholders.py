@@ -129,10 +129,7 @@ def expand_placeholders(
     hashes = {"image": list(image_hashes), "video": list(video_hashes)}
     framed = {"image": [None] * len(expected["image"]), "video": list(video_frames or [None] * len(video_tokens))}
     runs = find_pad_runs(token_ids, ids)
-    for modality in MODALITIES:  # a framed video's count is known only once its runs are matched
-        found = sum(r.modality == modality for r in runs)
-        if found != len(expected[modality]) and not any(framed[modality]):
-            raise _count_error(modality, found, len(expected[modality]))
+    _check_counts(runs, expected, framed)
     out: list[int] = []
     ranges: list[PlaceholderRange] = []
     order: list[tuple[str, int]] = []
@@ -159,6 +156,14 @@ def expand_placeholders(
         raise _count_error(missing[0], seen[missing[0]], len(expected[missing[0]]))
     out.extend(token_ids[cursor:])
     return out, ranges, order
+
+
+def _check_counts(runs: list[PadRun], expected: dict[str, list[int]], framed: dict[str, list]) -> None:
+    """One pad run per item, up front (a framed video's count is known only once its runs are matched)."""
+    for modality in MODALITIES:
+        found = sum(r.modality == modality for r in runs)
+        if found != len(expected[modality]) and not any(framed[modality]):
+            raise _count_error(modality, found, len(expected[modality]))
 
 
 def _count_error(modality: str, found: int, given: int) -> PromptError:
