@@ -60,6 +60,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         tool_parser=args.tool_parser, engine_options=engine_options(args), replicas=args.replicas,
         ray_address=args.ray_address, chat_template=args.chat_template, generation_config=args.generation_config,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
+        weight_transfer_backend=args.weight_transfer_config, enable_sleep_mode=args.enable_sleep_mode,
         fetch=FetchConfig(allowed_media_paths=tuple(Path(p) for p in args.allowed_media_path),
                           allow_private_urls=args.allow_private_media_urls, timeout_s=args.media_fetch_timeout,
                           max_bytes=args.max_media_bytes),

@@ -106,6 +106,17 @@ def generation_config(value: str) -> str:
     return value
 
 
+def weight_transfer_config(value: str) -> str:
+    """--weight-transfer-config '{"backend": "nccl"}' (vLLM's JSON; gloo runs on CPU): the backend's name."""
+    try:
+        backend = json.loads(value).get("backend", "nccl")
+    except (json.JSONDecodeError, AttributeError):
+        raise argparse.ArgumentTypeError(f'{value!r} is not a JSON object such as {{"backend": "gloo"}}') from None
+    if backend not in ("gloo", "nccl"):
+        raise argparse.ArgumentTypeError(f"backend {backend!r} is not one of ['gloo', 'nccl']")
+    return backend
+
+
 def add_serve_flags(srv: argparse.ArgumentParser) -> None:
     """Every flag `mm-infer serve` reads itself (the vLLM flags it only accepts or refuses are in vllm_flags)."""
     _add_server_flags(srv)
@@ -187,3 +198,6 @@ def _add_limit_flags(srv: argparse.ArgumentParser) -> None:
                      help="on SIGTERM, seconds in-flight requests get before they end with an error")
     srv.add_argument("--allowed-weights-path", action="append", default=[],
                      help="folder /update_weights_from_disk may read (default: the model folder's parent)")
+    srv.add_argument("--weight-transfer-config", type=weight_transfer_config, default=None,
+                     help='weights broadcast by a trainer: \'{"backend": "nccl"}\' (CUDA) or gloo (CPU)')
+    srv.add_argument("--enable-sleep-mode", action="store_true", help="serve /sleep and /wake_up (vLLM's levels)")

@@ -30,7 +30,6 @@ IGNORED_SWITCHES: tuple[tuple[str, str], ...] = (
     ("enable-server-load-tracking", "see /metrics"),
     ("enable-request-id-headers", "headers only"),
     ("allow-credentials", "no CORS headers are sent"),
-    ("enable-sleep-mode", "there are no /sleep and /wake_up routes (a call is a 404)"),
     ("enable-prompt-embeds", "a request with prompt_embeds is a 400"),
 )
 # flags taking a value: names (aliases after the first), whether it takes a list, why it does not matter

@@ -56,6 +56,9 @@ class ServerConfig:
     chat_template: str | None = None  # --chat-template: the template text (a file's content or the string given)
     generation_config: str = "auto"  # "auto": the checkpoint's generation_config.json defaults; "vllm": none; or DIR
     limit_mm_per_prompt: dict[str, int] | None = None  # {"image": 4, "video": 1}: a 400 naming the modality past it
+    # RL protocols (issue 18)
+    weight_transfer_backend: str | None = None  # --weight-transfer-config's backend: "gloo" or "nccl"; None: off
+    enable_sleep_mode: bool = False  # --enable-sleep-mode: /sleep and /wake_up work (else a 400 says so)
 
     @property
     def model_name(self) -> str:
