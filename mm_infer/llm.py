@@ -89,6 +89,19 @@ class LLM:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep: level 1 frees the KV pool and encoder cache and offloads the weights to host memory;
+        level 2 discards the weights too (wake_up, then update_weights every weight, before generating)."""
+        from mm_infer.engine.sleep import sleep
+
+        sleep(self.engine, level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back what `tags` names: "weights", "kv_cache" (default: both)."""
+        from mm_infer.engine.sleep import wake_up
+
+        wake_up(self.engine, tags)
+
     def update_weights(self, named_tensors: Any, version: int | None = None) -> int:
         """Load (HF name, tensor) pairs in place, either naming layout; bumps and returns weight_version.
 

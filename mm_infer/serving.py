@@ -13,6 +13,8 @@ from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
+from mm_infer.engine.sleep import SleepState, sleep, wake_up
+from mm_infer.engine.weight_receiver import TransferInit, TransferUpdate, WeightReceiver
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
@@ -48,6 +50,21 @@ class EngineBackend(Protocol):
     async def set_frozen(self, frozen: bool) -> None: ...
     async def update_weights(self, bucket: Bucket, version: int) -> None: ...
     async def reset_caches(self) -> None: ...
+    # weight transfer (engine/weight_receiver.py) and sleep (engine/sleep.py)
+    @property
+    def transfer_world_size(self) -> int:
+        """Engines that join a weight-transfer group (ranks rank_offset .. rank_offset + this - 1)."""
+        ...
+    async def init_weight_transfer(self, init: TransferInit) -> None: ...
+    async def receive_weights(self, update: TransferUpdate) -> int: ...
+    async def commit_weights(self, version: int) -> int:
+        """Swap the staged tensors in everywhere (between steps); returns how many tensors."""
+        ...
+    async def discard_weights(self) -> None: ...
+    @property
+    def sleep_state(self) -> SleepState: ...
+    async def sleep(self, level: int) -> SleepState: ...
+    async def wake_up(self, tags: list[str] | None) -> SleepState: ...
     def engine_gauges(self) -> dict[str, float]: ...
     def shutdown(self) -> None: ...
 
@@ -69,6 +86,7 @@ class LocalBackend:
         self.core = core
         self.async_engine = AsyncEngine(core)
         self.preparer = core.preparer
+        self.receiver = WeightReceiver(core.device)
 
     @property
     def max_model_len(self) -> int:
@@ -105,6 +123,34 @@ class LocalBackend:
 
     async def reset_caches(self) -> None:
         await asyncio.to_thread(self.async_engine.run_locked, self.core.reset_caches)
+
+    @property
+    def transfer_world_size(self) -> int:
+        return 1
+
+    async def init_weight_transfer(self, init: TransferInit) -> None:
+        await asyncio.to_thread(self.receiver.join, init)
+
+    async def receive_weights(self, update: TransferUpdate) -> int:
+        return await asyncio.to_thread(self.receiver.receive, update)
+
+    async def commit_weights(self, version: int) -> int:
+        staged = self.receiver.take()
+        await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, staged, version)
+        return len(staged)
+
+    async def discard_weights(self) -> None:
+        self.receiver.discard()
+
+    @property
+    def sleep_state(self) -> SleepState:
+        return self.core.sleep_state
+
+    async def sleep(self, level: int) -> SleepState:
+        return await asyncio.to_thread(self.async_engine.run_locked, sleep, self.core, level)
+
+    async def wake_up(self, tags: list[str] | None) -> SleepState:
+        return await asyncio.to_thread(self.async_engine.run_locked, wake_up, self.core, tags)
 
     def engine_gauges(self) -> dict[str, float]:
         return engine_gauges(self.core.stats())

@@ -16,11 +16,13 @@ from mm_infer.config import EngineConfig
 from mm_infer.distributed.counters import pool_counters
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
 from mm_infer.distributed.media_refs import MediaRefCache
+from mm_infer.distributed.pool_rl import PoolRL
 from mm_infer.distributed.router import Router, affinity_key
 from mm_infer.distributed.slots import PoolConfig
 from mm_infer.distributed.supervisor import Supervisor
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
+from mm_infer.engine.sleep import SleepState
 from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
@@ -47,7 +49,7 @@ def _unwrap(exc: RayTaskError) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
-class ReplicaPool:
+class ReplicaPool(PoolRL):
     """Prepares prompts here (media preprocessed once, shipped once through the object store), routes each request
     to one replica, streams its snapshots back, and fans refits, freezes and cache resets out to every replica."""
 
@@ -66,6 +68,8 @@ class ReplicaPool:
         self._reference: QwenVLModel | None = None
         self.media = MediaRefCache(config.media_cache_bytes)
         self._closed = False
+        self._round_names: list[str] = []  # names of the weight-transfer round staged on the replicas
+        self._sleep = SleepState()
         self.supervisor.start_all()
         info = self.supervisor.slots[0].info
         self._max_model_len = int(info["max_model_len"])
@@ -223,6 +227,7 @@ class ReplicaPool:
         with self.supervisor.lock:
             self.supervisor.journal.commit(entry)
         self._version = version  # moves once every replica that is up has the bucket
+        await self._refresh_sleep()
 
     async def reset_caches(self) -> None:
         await self._fan_out("reset_caches")

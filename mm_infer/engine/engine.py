@@ -24,6 +24,7 @@ from mm_infer.engine.sampler import RAW_NONFINITE, Sampler, SampleResult
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
+from mm_infer.engine.sleep import EngineAsleepError, SleepState, note_refit
 from mm_infer.engine.stopping import check_stop
 from mm_infer.models import load_model
 from mm_infer.prompt.inputs import PromptInput
@@ -63,6 +64,8 @@ class LLMEngine:
         self.groups: dict[str, SequenceGroup] = {}
         self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
+        self.sleep_state = SleepState()  # engine/sleep.py: what a sleep released
+        self.sleep_kv_shape: Any = None
 
     def _static_decode(self, config: EngineConfig, device: torch.device) -> StaticDecode | None:
         """Static decode everywhere but under CPU batch invariance (whose length buckets keep rows independent)."""
@@ -119,6 +122,8 @@ class LLMEngine:
         """Prepare the prompt (PromptError / MediaError on bad input) and queue its n samples."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if (asleep := self.sleep_state.reason()) is not None:
+            raise EngineAsleepError(asleep)
         params = params or SamplingParams()
         req = prompt if isinstance(prompt, VLMRequest) else self.prepare(prompt)
         if len(req.prompt_token_ids) >= self.runtime.max_model_len:
@@ -266,13 +271,19 @@ class LLMEngine:
         """The loaded model's parameters by our module names (refits are checked against these)."""
         return self.model.named_parameters()
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights in place; every weight-derived cache (encoder outputs, prefix KV) is dropped."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> set[str]:
+        """Load new weights in place; every weight-derived cache (encoder outputs, prefix KV) is dropped. Returns
+        the parameters filled."""
         from mm_infer.models import load_state_dict_into
 
-        load_state_dict_into(self.model, named_tensors)
+        if self.sleep_state.weights == "discarded":
+            raise EngineAsleepError("the weights were discarded by a level-2 sleep: POST /wake_up?tags=weights "
+                                    "before loading new ones")
+        filled = load_state_dict_into(self.model, named_tensors)
         self.encoder_cache.set_weight_version(version)
         self.block_manager.reset_prefix_cache()
+        note_refit(self, filled)
+        return filled
 
     def reset_caches(self) -> None:
         """Forget cached vision embeddings and prefix KV (running requests keep their own blocks)."""

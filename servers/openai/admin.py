@@ -9,6 +9,8 @@ from fastapi import FastAPI
 from servers.openai.protocol import PAUSE_MODES, PauseMode, PauseRequest, UpdateWeightsFromDiskRequest
 from servers.openai.refit import Refitter
 from servers.openai.replies import ApiError, PauseStatus, UpdateWeightsResponse, WeightVersion
+from servers.openai.rl_routes import add_rl_routes
+from servers.openai.sleep import SleepControl
 from servers.openai.state import ServerState
 
 
@@ -24,6 +26,8 @@ def add_admin_routes(app: FastAPI, state: ServerState) -> None:
     gate = state.gate
     default_roots = (Path(state.config.model_dir).resolve().parent,)
     refitter = Refitter(state.backend, gate, state.config.allowed_weights_paths or default_roots)
+    sleep = SleepControl(state.config.enable_sleep_mode, state.backend, gate)
+    add_rl_routes(app, state, sleep)
 
     @app.post("/pause")
     async def pause(req: PauseRequest | None = None, mode: str | None = None) -> PauseStatus:
@@ -43,8 +47,10 @@ def add_admin_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
+        sleep.check_refit()
         done = await refitter.from_disk(req.model_path, req.weight_version, req.bucket_bytes,
                                         req.abort_all_requests, req.allow_nonfinite)
+        await sleep.after_refit()
         return UpdateWeightsResponse(message=f"loaded {done.num_tensors} tensors from {req.model_path}",
                                      weight_version=done.weight_version, num_tensors=done.num_tensors,
                                      num_buckets=done.num_buckets, num_paused_requests=done.num_paused_requests)

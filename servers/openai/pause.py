@@ -35,6 +35,7 @@ class PauseGate:
         self._idle.set()
         self._inflight: dict[str, Ticket] = {}
         self.closed_reason: str | None = None  # set by close(): no request is admitted again
+        self.refusing: str | None = None  # set by refuse(): requests get a 503 with it at once (a sleeping engine)
 
     @property
     def paused(self) -> bool:
@@ -47,10 +48,10 @@ class PauseGate:
     async def admit(self, request_id: str) -> Ticket:
         """Wait while paused, then register the request as in flight (no await between check and register).
         Request ids are unique among requests in flight: a second one is a 400 (it would hide the first's ticket)."""
-        while not self._open.is_set() and self.closed_reason is None:
+        while not self._open.is_set() and self.closed_reason is None and self.refusing is None:
             await self._open.wait()
-        if self.closed_reason is not None:
-            raise ApiError(503, self.closed_reason)
+        if self.closed_reason is not None or self.refusing is not None:
+            raise ApiError(503, self.closed_reason or self.refusing or "")
         if request_id in self._inflight:
             raise ApiError(400, f"request_id {request_id!r} is already in use by a request in flight",
                            param="request_id")
@@ -96,6 +97,15 @@ class PauseGate:
         await self.engine.set_frozen(False)
         await self._abort_inflight(reason)
         return left
+
+    def refuse(self, reason: str | None) -> None:
+        """With a reason, admit() answers 503 with it (requests held by a pause too); None: back to the pause
+        state as it is (held while paused, admitted otherwise)."""
+        self.refusing = reason
+        if reason is not None:
+            self._open.set()
+        elif self.mode is not None:
+            self._open.clear()
 
     async def resume(self) -> None:
         await self.engine.set_frozen(False)
