@@ -54,13 +54,15 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class MediaConfig:
-    """Preprocessing defaults; None fields come from the checkpoint's preprocessor configs."""
+    """Media preparation defaults; None fields come from the checkpoint's preprocessor configs."""
 
     image_min_pixels: int | None = None
     image_max_pixels: int | None = None
     video_min_pixels: int | None = None
     video_max_pixels: int | None = None
-    video_fps: float = 2.0
+    video_fps: float = 2.0  # used when video_preprocessor_config.json sets no fps
+    video_sampler: str | None = None  # frame_sampling.SAMPLERS; None: the checkpoint's HF video processor's rule
+    mrope_after_video: str = "hf"  # where text resumes after a video: "hf" (transformers 5) or "vllm" (mrope.py)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""Frame samplers: which frame indices of a video to decode (qwen-vl-utils, HF, vLLM rules)."""
+"""Frame samplers: which frame indices of a video to decode (HF processors, vLLM, qwen-vl-utils rules)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -10,12 +11,12 @@ import torch
 
 from mm_infer.media.errors import MediaInvalidError, MediaTooLargeError
 
-Sampler = Literal["qwen", "hf", "vllm", "qwen3"]
-SAMPLERS: tuple[str, ...] = ("qwen", "hf", "vllm", "qwen3")
+Sampler = Literal["hf", "vllm", "qwen", "qwen3"]
+SAMPLERS: tuple[str, ...] = ("hf", "vllm", "qwen", "qwen3")
 
 QWEN_MIN_FRAMES = 4
 QWEN_MAX_FRAMES = 768
-VLLM_DEFAULT_FRAMES = 32
+VLLM_MAX_FPS = 30  # vLLM's Qwen video loaders sample at most 30 frames per second
 
 
 def _round_by(x: float, f: int) -> int:
@@ -28,6 +29,19 @@ def _floor_by(x: float, f: int) -> int:
 
 def _ceil_by(x: float, f: int) -> int:
     return math.ceil(x / f) * f
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    """What a sampler is given: the clip (total frames, source fps) and the request's wishes."""
+
+    total: int
+    video_fps: float
+    fps: float = 2.0
+    num_frames: int | None = None
+    factor: int = 2  # the temporal patch: sampled counts are multiples of it (hf, qwen)
+    min_frames: int = QWEN_MIN_FRAMES
+    max_frames: int = QWEN_MAX_FRAMES
 
 
 def qwen_num_frames(total: int, video_fps: float, *, fps: float = 2.0, num_frames: int | None = None,
@@ -46,37 +60,66 @@ def qwen_num_frames(total: int, video_fps: float, *, fps: float = 2.0, num_frame
     return int(n)
 
 
+def _qwen(r: FrameRule) -> list[int]:
+    """qwen-vl-utils: linspace(0, total - 1, n).round() over smart_nframes' count."""
+    n = qwen_num_frames(r.total, r.video_fps, fps=r.fps, num_frames=r.num_frames, factor=r.factor,
+                        min_frames=r.min_frames, max_frames=r.max_frames)
+    return torch.linspace(0, r.total - 1, n).round().long().tolist()
+
+
+def _hf_count(r: FrameRule) -> int:
+    """Qwen2VLVideoProcessor.sample_frames' frame count: num_frames rounded to the patch, else the fps rule."""
+    if r.num_frames is not None:
+        n = _round_by(r.num_frames, r.factor)
+    else:
+        hi = _floor_by(min(r.max_frames, r.total), r.factor)
+        n = _floor_by(min(max(r.total / r.video_fps * r.fps, r.min_frames), hi, r.total), r.factor)
+    if not 0 < n <= r.total:
+        raise MediaInvalidError(f"cannot sample {n} frames from a video of {r.total} frames")
+    return n
+
+
+def _arange_indices(total: int, n: int) -> list[int]:
+    """HF's float32 torch.arange(0, total, total / n).int(). Its step can overshoot to an index == total (one
+    index more than n): HF then raises IndexError; vLLM clamps it to the last frame, and so do we."""
+    return torch.arange(0, total, total / n).int().clamp(max=total - 1).tolist()
+
+
+def _hf(r: FrameRule) -> list[int]:
+    """transformers' Qwen2VLVideoProcessor.sample_frames (do_sample_frames=True)."""
+    return _arange_indices(r.total, _hf_count(r))
+
+
+def _qwen3(r: FrameRule) -> list[int]:
+    """transformers' Qwen3VLVideoProcessor.sample_frames: no rounding to the temporal patch."""
+    n = r.num_frames if r.num_frames is not None else min(max(int(r.total / r.video_fps * r.fps), r.min_frames),
+                                                          r.max_frames, r.total)
+    if n < 1:
+        raise MediaInvalidError(f"num_frames must be positive, got {n}")
+    return np.linspace(0, r.total - 1, n).round().astype(int).tolist()
+
+
+def _vllm(r: FrameRule, family: str) -> list[int]:
+    """vLLM 0.32's Qwen2VLVideoBackend / Qwen3VLVideoBackend: the HF rule at min(fps, 30), num_frames ignored."""
+    fps_driven = replace(r, fps=min(r.fps, VLLM_MAX_FPS), num_frames=None)
+    return _qwen3(fps_driven) if family == "qwen3" else _hf(fps_driven)
+
+
 def sample_indices(sampler: str, total: int, video_fps: float, *, fps: float = 2.0, num_frames: int | None = None,
-                   factor: int = 2, max_frames: int = QWEN_MAX_FRAMES) -> list[int]:
+                   factor: int = 2, min_frames: int = QWEN_MIN_FRAMES, max_frames: int = QWEN_MAX_FRAMES,
+                   family: str = "qwen2") -> list[int]:
     """Indices into the decoded frames of a video with `total` frames at `video_fps`."""
     if total < 1:
         raise MediaInvalidError("video has 0 frames")
-    if sampler == "qwen":
-        n = qwen_num_frames(total, video_fps, fps=fps, num_frames=num_frames, factor=factor, max_frames=max_frames)
-        return torch.linspace(0, total - 1, n).round().long().tolist()
-    if sampler == "hf":
-        if num_frames is not None:
-            n = _round_by(num_frames, factor)
-        else:
-            hi = _floor_by(min(max_frames, total), factor)
-            n = _floor_by(min(max(total / video_fps * fps, QWEN_MIN_FRAMES), hi, total), factor)
-        if n < 1 or n > total:
-            raise MediaInvalidError(f"cannot sample {n} frames from a video of {total} frames")
-        return torch.arange(0, total, total / n).int().tolist()
-    if sampler == "qwen3":  # transformers' Qwen3VLVideoProcessor.sample_frames: no rounding to the temporal patch
-        n = num_frames if num_frames is not None else min(max(int(total / video_fps * fps), QWEN_MIN_FRAMES),
-                                                          max_frames, total)
-        if n < 1:
-            raise MediaInvalidError(f"num_frames must be positive, got {n}")
-        return np.linspace(0, total - 1, n).round().astype(int).tolist()
+    if video_fps <= 0 and num_frames is None and sampler != "qwen3":
+        raise MediaInvalidError("the video reports no frame rate: give num_frames or frame_indices")
+    rule = FrameRule(total, video_fps, fps, num_frames, factor, min_frames, max_frames)
     if sampler == "vllm":
-        n = num_frames if num_frames is not None else VLLM_DEFAULT_FRAMES
-        if n < 1:
-            raise MediaInvalidError(f"num_frames must be positive, got {n}")
-        if n >= total:
-            return list(range(total))
-        return np.linspace(0, total - 1, n, dtype=int).tolist()
-    raise MediaInvalidError(f"unknown frame sampler '{sampler}', expected one of {SAMPLERS}")
+        return _vllm(rule, family)
+    pick = {"hf": _hf, "qwen": _qwen, "qwen3": _qwen3}.get(sampler)
+    if pick is None:
+        raise MediaInvalidError(f"unknown frame sampler '{sampler}', expected one of {SAMPLERS}")
+    return pick(rule)
 
 
 def frame_timestamps(indices: list[int], fps: float, temporal_patch: int = 2) -> list[float]:

@@ -10,7 +10,13 @@ import torch
 from PIL import Image
 
 from mm_infer.media.errors import MediaDecodeError, MediaInvalidError, MediaTooLargeError, MediaUnsupportedError
-from mm_infer.media.frame_sampling import check_indices, frame_timestamps, sample_indices
+from mm_infer.media.frame_sampling import (
+    QWEN_MAX_FRAMES,
+    QWEN_MIN_FRAMES,
+    check_indices,
+    frame_timestamps,
+    sample_indices,
+)
 from mm_infer.media.image import check_pil_image, open_image, to_rgb
 from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
 from mm_infer.media.packed import PackedTensor
@@ -37,7 +43,7 @@ class ImageOptions:
 
 @dataclass(frozen=True)
 class VideoOptions:
-    sampler: str = "qwen"
+    sampler: str = "hf"  # frame_sampling.SAMPLERS; "hf": the checkpoint's HF video processor with do_sample_frames
     fps: float = 2.0
     num_frames: int | None = None
     frame_indices: tuple[int, ...] | None = None
@@ -48,6 +54,9 @@ class VideoOptions:
     backend: str = "torchvision"
     spec: PatchSpec = DEFAULT_SPEC
     family: str = "qwen2"  # "qwen3": one frame size per clip, the pixel budget over all frames (Qwen3VLVideoProcessor)
+    do_sample_frames: bool = True  # False: every frame of the clip, as HF's processor without sampling
+    min_frames: int = QWEN_MIN_FRAMES  # the sampler's bounds (video_preprocessor_config.json)
+    max_frames: int = QWEN_MAX_FRAMES
 
 
 @dataclass
@@ -159,11 +168,16 @@ def _frame_budget(opts: VideoOptions, n_frames: int) -> int:
 
 
 def _sampled_indices(info: VideoInfo, opts: VideoOptions, limits: MediaLimits, origin: str) -> list[int]:
-    """The caller's frame_indices (checked) or the sampler's pick, within the sampled-frame cap."""
+    """The caller's frame_indices (checked), every frame (do_sample_frames=False) or the sampler's pick, within the
+    sampled-frame cap."""
     if opts.frame_indices is not None:
         return check_indices(list(opts.frame_indices), info.total_frames, max_sampled=limits.max_sampled_frames)
-    indices = sample_indices(opts.sampler, info.total_frames, info.fps, fps=opts.fps, num_frames=opts.num_frames,
-                             factor=opts.spec.temporal_patch_size, max_frames=limits.max_sampled_frames)
+    if not opts.do_sample_frames:
+        indices = list(range(info.total_frames))
+    else:
+        indices = sample_indices(opts.sampler, info.total_frames, info.fps, fps=opts.fps, num_frames=opts.num_frames,
+                                 factor=opts.spec.temporal_patch_size, min_frames=opts.min_frames,
+                                 max_frames=min(opts.max_frames, limits.max_sampled_frames), family=opts.family)
     if len(indices) > limits.max_sampled_frames:
         raise MediaTooLargeError(f"{origin}: {len(indices)} sampled frames, over the limit of "
                                  f"{limits.max_sampled_frames}")
@@ -242,20 +256,23 @@ def preprocess_images(images: Sequence[MediaInput] | MediaInput, *, min_pixels: 
     return PackedTensor.concat([process_image(it, opts, limits) for it in items])
 
 
-def preprocess_videos(videos: Sequence[MediaInput] | MediaInput, *, sampler: str = "qwen", fps: float = 2.0,
+def preprocess_videos(videos: Sequence[MediaInput] | MediaInput, *, sampler: str = "hf", fps: float = 2.0,
                       num_frames: int | None = None, frame_indices: Sequence[int] | None = None,
                       min_pixels: int | None = None, max_pixels: int | None = None, total_pixels: int | None = None,
                       decoder: str = "auto", backend: str = "torchvision", limits: MediaLimits = DEFAULT_LIMITS,
-                      spec: PatchSpec = DEFAULT_SPEC, family: str = "qwen2",
+                      spec: PatchSpec = DEFAULT_SPEC, family: str = "qwen2", do_sample_frames: bool = True,
+                      min_frames: int = QWEN_MIN_FRAMES, max_frames: int = QWEN_MAX_FRAMES,
                       ) -> tuple[PackedTensor, list[VideoMetadata]]:
     """Videos (bytes, data URLs, paths, or lists/arrays of frames) -> (PackedTensor, metadata per video).
 
+    Frames are picked as HF's Qwen2-VL video processor picks them with do_sample_frames=True (sampler="hf");
+    "vllm", "qwen" (qwen-vl-utils) and "qwen3" are the other rules, frame_indices an explicit pick (docs/video.md).
     Qwen3-VL: family="qwen3", sampler="qwen3" and the checkpoint's spec, as its Qwen3VLVideoProcessor."""
     items = [videos] if is_encoded(videos) or isinstance(videos, np.ndarray) else list(videos)
     check_item_count(len(items), limits)
     opts = VideoOptions(sampler, fps, num_frames, tuple(frame_indices) if frame_indices is not None else None,
                         min_pixels if min_pixels is not None else VIDEO_MIN_PIXELS,
                         max_pixels if max_pixels is not None else VIDEO_MAX_PIXELS, total_pixels, decoder, backend,
-                        spec, family)
+                        spec, family, do_sample_frames, min_frames, max_frames)
     results = [process_video(it, opts, limits) for it in items]
     return PackedTensor.concat([p for p, _ in results]), [m for _, m in results]

@@ -9,17 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from mm_infer.config import MediaConfig
-from mm_infer.media.frame_sampling import frame_timestamps
+from mm_infer.media.frame_sampling import QWEN_MAX_FRAMES, QWEN_MIN_FRAMES, SAMPLERS, frame_timestamps
 from mm_infer.media.packed import PackedTensor
 from mm_infer.media.patchify import DEFAULT_SPEC, PatchSpec
 from mm_infer.media.processor import ImageOptions, VideoMetadata, VideoOptions
+from mm_infer.prompt.mrope import MROPE_RULES
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.request import MediaItem, items_from_packed
 
 # the one list of mm_processor_kwargs the library understands, per modality
 IMAGE_KWARGS = frozenset({"min_pixels", "max_pixels", "backend", "exif_transpose"})
 VIDEO_KWARGS = frozenset({"fps", "num_frames", "frame_indices", "total_pixels", "sampler", "decoder",
-                          "video_min_pixels", "video_max_pixels", "second_per_grid_ts"})
+                          "do_sample_frames", "video_min_pixels", "video_max_pixels", "second_per_grid_ts"})
+VIDEO_OPTION_KWARGS = ("num_frames", "frame_indices", "total_pixels", "sampler", "decoder", "do_sample_frames")
+QWEN3_VIDEO_PROCESSOR = "Qwen3VLVideoProcessor"
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,18 @@ class MediaDefaults:
     temporal_patch_size: int = 2
     spec: PatchSpec = DEFAULT_SPEC  # patch geometry and mean/std of preprocessor_config.json
     qwen3_video: bool = False  # Qwen3VLVideoProcessor: its sampling, clip-level resize and frame timestamps
+    video_sampler: str = "hf"  # the checkpoint's HF video processor's rule ("qwen3" for Qwen3-VL)
+    video_min_frames: int = QWEN_MIN_FRAMES
+    video_max_frames: int = QWEN_MAX_FRAMES
+
+    @property
+    def video_family(self) -> str:
+        return "qwen3" if self.qwen3_video else "qwen2"
 
     def processor_options(self) -> tuple[ImageOptions, VideoOptions]:
         """Base options of a MediaProcessor for this checkpoint (callers override the pixel bounds)."""
-        video = VideoOptions(sampler="qwen3", spec=self.spec, family="qwen3") if self.qwen3_video else VideoOptions(
-            spec=self.spec)
+        video = VideoOptions(sampler=self.video_sampler, fps=self.video_fps, spec=self.spec, family=self.video_family,
+                             min_frames=self.video_min_frames, max_frames=self.video_max_frames)
         return ImageOptions(spec=self.spec), video
 
     def timestamps(self, metas: list[VideoMetadata]) -> list[list[float]] | None:
@@ -57,11 +67,17 @@ def media_defaults(model_dir: str | Path, media: MediaConfig) -> MediaDefaults:
 
     image, video = read("preprocessor_config.json"), read("video_preprocessor_config.json") or {}
     (imin, imax), (vmin, vmax) = _pixels(image), _pixels(video or image)
+    qwen3 = video.get("video_processor_type") == QWEN3_VIDEO_PROCESSOR
+    sampler = media.video_sampler or ("qwen3" if qwen3 else "hf")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown video_sampler {sampler!r}, expected one of {SAMPLERS}")
+    if media.mrope_after_video not in MROPE_RULES:
+        raise ValueError(f"unknown mrope_after_video {media.mrope_after_video!r}, expected one of {MROPE_RULES}")
     return MediaDefaults(
         media.image_min_pixels or imin, media.image_max_pixels or imax, media.video_min_pixels or vmin,
-        media.video_max_pixels or vmax, float(video.get("fps", media.video_fps)),
-        int(image.get("temporal_patch_size", 2)), PatchSpec.from_config(image),
-        video.get("video_processor_type") == "Qwen3VLVideoProcessor")
+        media.video_max_pixels or vmax, float(video.get("fps") or media.video_fps),
+        int(image.get("temporal_patch_size", 2)), PatchSpec.from_config(image), qwen3, sampler,
+        int(video.get("min_frames", QWEN_MIN_FRAMES)), int(video.get("max_frames", QWEN_MAX_FRAMES)))
 
 
 def _as_list(x: Any) -> list[Any]:
@@ -93,11 +109,11 @@ def video_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[M
         return items_from_packed("video", sources, seconds, stamps)
     from mm_infer.media import preprocess_videos
 
-    opts = {k: kw[k] for k in ("num_frames", "frame_indices", "total_pixels", "sampler", "decoder") if k in kw}
-    if d.qwen3_video:
-        opts.setdefault("sampler", "qwen3")
+    opts = {k: kw[k] for k in VIDEO_OPTION_KWARGS if k in kw}
+    opts.setdefault("sampler", d.video_sampler)
     packed, meta = preprocess_videos(_as_list(sources), fps=fps,
                                      min_pixels=kw.get("video_min_pixels", d.video_min_pixels),
                                      max_pixels=kw.get("video_max_pixels", d.video_max_pixels), spec=d.spec,
-                                     family="qwen3" if d.qwen3_video else "qwen2", **opts)
+                                     family=d.video_family, min_frames=d.video_min_frames,
+                                     max_frames=d.video_max_frames, **opts)
     return items_from_packed("video", packed, [m.second_per_grid_ts for m in meta], d.timestamps(meta))

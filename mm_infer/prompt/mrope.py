@@ -1,4 +1,4 @@
-"""M-RoPE (t, h, w) position ids for text, image and video tokens, equal to HF 5's get_rope_index."""
+"""M-RoPE (t, h, w) position ids for text, image and video tokens: HF 5's get_rope_index, or vLLM's placement."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from torch import Tensor
 from mm_infer.prompt.placeholders import PlaceholderRange
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
+# Where text resumes after a media run: "hf" (transformers 5) at run start + max(h, w)/merge; "vllm" (vLLM 0.32,
+# transformers 4) at max(positions so far) + 1. They differ after a video whose temporal span exceeds max(h, w)/merge.
+MROPE_RULES = ("hf", "vllm")
 
 
 def _as_grid(grid: Tensor | Sequence[Sequence[int]] | None) -> list[list[int]]:
@@ -51,12 +54,14 @@ def _interval(kind: int, seconds: float | None, tokens_per_second: float | None)
 
 
 def positions_for_runs(num_tokens: int, runs: Sequence[tuple[int, Sequence[int], float]],
-                       merge: int) -> tuple[Tensor, int]:
+                       merge: int, after_video: str = "hf") -> tuple[Tensor, int]:
     """Positions [3, num_tokens] and the decode delta, given each media run's (offset, grid, time interval).
 
-    Text continues at run start + max(h, w)/merge (the transformers 5 rule; transformers 4 and vLLM resume
-    at max(previous positions) + 1, which differs for videos whose temporal span exceeds max(h, w)/merge).
+    Text resumes after a run by `after_video` (MROPE_RULES): "hf" at run start + max(h, w)/merge, "vllm" at
+    max(the run's positions) + 1. The decode delta is max(all positions) + 1 - num_tokens under both.
     """
+    if after_video not in MROPE_RULES:
+        raise ValueError(f"unknown mrope_after_video {after_video!r}, expected one of {MROPE_RULES}")
     parts: list[Tensor] = []
     pos = cursor = 0
     for offset, grid, interval in runs:
@@ -64,7 +69,7 @@ def positions_for_runs(num_tokens: int, runs: Sequence[tuple[int, Sequence[int],
             parts.append((torch.arange(offset - cursor) + pos).expand(3, -1))
             pos += offset - cursor
         parts.append(vision_positions(pos, grid, merge, interval))
-        pos += max(int(grid[1]), int(grid[2])) // merge
+        pos = int(parts[-1].max()) + 1 if after_video == "vllm" else pos + max(int(grid[1]), int(grid[2])) // merge
         cursor = offset + int(grid[0]) * int(grid[1]) * int(grid[2]) // merge**2
     if num_tokens > cursor:
         parts.append((torch.arange(num_tokens - cursor) + pos).expand(3, -1))
@@ -74,7 +79,8 @@ def positions_for_runs(num_tokens: int, runs: Sequence[tuple[int, Sequence[int],
 
 
 def mrope_from_placeholders(num_tokens: int, placeholders: Sequence[PlaceholderRange], items: Sequence[Any],
-                            merge: int, tokens_per_second: float | None) -> tuple[Tensor, int]:
+                            merge: int, tokens_per_second: float | None,
+                            after_video: str = "hf") -> tuple[Tensor, int]:
     """M-RoPE of a prepared prompt from its placeholder ranges (no token scan); `items` have grid_thw and
     second_per_grid_t (MediaItem). A range holding only some of an item's frames (Qwen3-VL) has their grid."""
     runs = []
@@ -84,7 +90,7 @@ def mrope_from_placeholders(num_tokens: int, placeholders: Sequence[PlaceholderR
         _, h, w = (int(x) for x in item.grid_thw)
         grid = (r.length * merge**2 // (h * w), h, w)  # [t of this run, h, w]
         runs.append((r.offset, grid, _interval(kind, item.second_per_grid_t, tokens_per_second)))
-    return positions_for_runs(num_tokens, runs, merge)
+    return positions_for_runs(num_tokens, runs, merge, after_video)
 
 
 def get_mrope_positions(
@@ -99,6 +105,7 @@ def get_mrope_positions(
     tokens_per_second: float | None = None,
     second_per_grid_ts: Sequence[float] | Tensor | None = None,
     frame_runs: bool = False,
+    after_video: str = "hf",
 ) -> tuple[Tensor, int]:
     """Positions [3, N] for one sequence and the decode delta (next position = seq index + delta), found by
     scanning the ids (HF's get_rope_index interface; prepared requests use mrope_from_placeholders).
@@ -136,7 +143,7 @@ def get_mrope_positions(
     for kind, it in grids.items():
         if next(it, None) is not None:
             raise ValueError(f"more {'image' if kind == IMAGE else 'video'} grids than token runs")
-    return positions_for_runs(ids.numel(), runs, spatial_merge_size)
+    return positions_for_runs(ids.numel(), runs, spatial_merge_size, after_video)
 
 
 def decode_positions(start: int, count: int, delta: int) -> Tensor:

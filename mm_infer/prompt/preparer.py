@@ -48,7 +48,7 @@ def render_prompt(renderer: ChatRenderer | Any, *, prompt: str | None = None,
 
 
 def build_request(renderer: ChatRenderer | Any, ids: PlaceholderIds, prompt: PromptInput, *, merge_size: int = 2,
-                  tokens_per_second: float | None = None) -> VLMRequest:
+                  tokens_per_second: float | None = None, mrope_after_video: str = "hf") -> VLMRequest:
     """Render (or take) the ids, expand or check each item's placeholder run, and place M-RoPE from the runs."""
     renderer = renderer if isinstance(renderer, ChatRenderer) else ChatRenderer(renderer, {})
     raw = render_prompt(renderer, prompt=prompt.text, prompt_token_ids=prompt.token_ids, messages=prompt.messages,
@@ -63,7 +63,8 @@ def build_request(renderer: ChatRenderer | Any, ids: PlaceholderIds, prompt: Pro
         preexpanded=prompt.media_tokens_preexpanded, video_frames=frames)
     by_kind = {"image": images, "video": videos}
     items = [by_kind[modality][k] for modality, k in order]
-    positions, delta = mrope_from_placeholders(len(token_ids), ranges, items, merge_size, tokens_per_second)
+    positions, delta = mrope_from_placeholders(len(token_ids), ranges, items, merge_size, tokens_per_second,
+                                               mrope_after_video)
     return VLMRequest(token_ids, ranges, items, positions.to(torch.long), delta, prompt.text, prompt.cache_salt)
 
 
@@ -81,7 +82,9 @@ class PromptPreparer:
         self.renderer = ChatRenderer(self.tokenizer, media_token_text(self.tokenizer, self.placeholder_ids))
         self.merge_size = mcfg.vision.spatial_merge_size
         self.tokens_per_second = mcfg.vision.tokens_per_second if mcfg.kind == "qwen2_5_vl" else None
-        self.media_defaults: MediaDefaults = media_defaults(self.model_dir, media or MediaConfig())
+        media = media or MediaConfig()
+        self.mrope_after_video = media.mrope_after_video
+        self.media_defaults: MediaDefaults = media_defaults(self.model_dir, media)
 
     def parse(self, prompt: str | Mapping[str, Any]) -> PromptInput:
         """A prompt str or dict -> PromptInput, media decoded with this checkpoint's defaults."""
@@ -91,4 +94,4 @@ class PromptPreparer:
         """Tokenise, preprocess media and expand placeholders (PromptError / MediaError on bad input)."""
         typed = prompt if isinstance(prompt, PromptInput) else self.parse(prompt)
         return build_request(self.renderer, self.placeholder_ids, typed, merge_size=self.merge_size,
-                             tokens_per_second=self.tokens_per_second)
+                             tokens_per_second=self.tokens_per_second, mrope_after_video=self.mrope_after_video)

@@ -91,9 +91,10 @@ class PromptBuilder:
                                            spec=d.spec) if images else None)
         packed_videos, seconds, stamps = None, [], None
         if videos:
-            qwen3 = {"sampler": "qwen3", "family": "qwen3"} if d.qwen3_video else {}
             packed_videos, metas = preprocess_videos(videos, fps=d.video_fps, min_pixels=d.video_min_pixels,
-                                                     max_pixels=d.video_max_pixels, spec=d.spec, **qwen3)
+                                                     max_pixels=d.video_max_pixels, spec=d.spec,
+                                                     sampler=d.video_sampler, family=d.video_family,
+                                                     min_frames=d.video_min_frames, max_frames=d.video_max_frames)
             seconds = [float(m.second_per_grid_ts) for m in metas]
             stamps = d.timestamps(metas)
         return packed_images, packed_videos, seconds, stamps

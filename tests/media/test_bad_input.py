@@ -136,8 +136,10 @@ def test_too_many_frames_and_seconds_are_413() -> None:
             limits=MediaLimits(max_video_frames=10))
     _raises(MediaTooLargeError, 413, "lasts 3.0 s", preprocess_videos, [data],
             limits=MediaLimits(max_video_seconds=2))
-    _raises(MediaTooLargeError, 413, "over the limit of 4", preprocess_videos, [data], sampler="vllm", num_frames=8,
+    _raises(MediaTooLargeError, 413, "over the limit of 4", preprocess_videos, [data], num_frames=8,
             limits=MediaLimits(max_sampled_frames=4))
+    _raises(MediaTooLargeError, 413, "30 sampled frames, over the limit of 4", preprocess_videos, [data],
+            do_sample_frames=False, limits=MediaLimits(max_sampled_frames=4))
 
 
 def test_frame_indices_out_of_range_is_400() -> None:

@@ -71,9 +71,9 @@ def test_decode_budget_is_checked_from_the_header_before_any_decoding(monkeypatc
         raise AssertionError("decoded a video the header already put over the budget")
 
     monkeypatch.setattr(processor, "decode_resized", never)
-    data = video_bytes(30, fps=10, size=(64, 48))  # sampled at 2 fps: 6 frames, the last is frame 29
+    data = video_bytes(30, fps=10, size=(64, 48))  # qwen-vl-utils at 2 fps: 6 frames, the last is frame 29
     with pytest.raises(MediaTooLargeError) as e:
-        preprocess_videos([data], limits=MediaLimits(max_video_decode_pixels=30 * 64 * 48 - 1))
+        preprocess_videos([data], sampler="qwen", limits=MediaLimits(max_video_decode_pixels=30 * 64 * 48 - 1))
     assert e.value.status == 413
     message = str(e.value)
     assert "decode budget of 92159 pixels" in message and "max_video_decode_pixels" in message

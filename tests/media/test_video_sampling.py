@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from media_paths import VIDEOS
@@ -10,6 +9,7 @@ from PIL import Image
 from synth import video_bytes
 
 from mm_infer.media import preprocess_videos
+from mm_infer.media.errors import MediaInvalidError
 from mm_infer.media.frame_sampling import qwen_num_frames, sample_indices
 
 
@@ -22,17 +22,53 @@ def test_qwen_rule_matches_qwen_vl_utils() -> None:
     assert qwen_num_frames(300, 30.0, num_frames=9) == 8  # an explicit count rounds to the temporal patch
 
 
-def test_hf_and_vllm_rules() -> None:
+def test_hf_rule() -> None:
     assert sample_indices("hf", 300, 30.0) == torch.arange(0, 300, 300 / 20).int().tolist()
-    assert sample_indices("hf", 300, 30.0, num_frames=8) == torch.arange(0, 300, 300 / 8).int().tolist()
-    assert sample_indices("vllm", 300, 30.0) == np.linspace(0, 299, 32, dtype=int).tolist()
-    assert sample_indices("vllm", 10, 30.0) == list(range(10))  # fewer frames than asked: all of them
+    assert sample_indices("hf", 300, 30.0, num_frames=9) == torch.arange(0, 300, 300 / 8).int().tolist()
+    assert sample_indices("hf", 7, 2.0) == [0, 1, 2, 3, 4, 5]  # floor(7 / 2) * 2 frames from the start
+    assert sample_indices("hf", 48, 24.0) == [0, 12, 24, 36]  # at least min_frames
+    assert sample_indices("hf", 48, 24.0, min_frames=6) == [0, 8, 16, 24, 32, 40]
+    assert len(sample_indices("hf", 100_000, 30.0, max_frames=100)) == 100
+    with pytest.raises(MediaInvalidError, match="cannot sample 0 frames"):
+        sample_indices("hf", 30, 10.0, num_frames=1)  # rounds to 0 (HF divides by zero there)
+    with pytest.raises(MediaInvalidError, match="cannot sample 40 frames from a video of 30"):
+        sample_indices("hf", 30, 10.0, num_frames=40)
+
+
+def test_hf_float32_step_overshoot_is_clamped_like_vllm() -> None:
+    # 59 frames at 2 fps: HF wants 58, but its float32 arange yields 59 indices ending at 59 (HF: IndexError).
+    raw = torch.arange(0, 59, 59 / 58).int().tolist()
+    assert len(raw) == 59 and raw[-1] == 59
+    assert sample_indices("hf", 59, 2.0) == raw[:-1] + [58]
+    assert sample_indices("vllm", 59, 2.0) == raw[:-1] + [58]
+
+
+def test_vllm_rule_is_fps_driven() -> None:
+    # vLLM 0.32's Qwen2-VL loader: the HF rule at min(fps, 30); num_frames is ignored (measured against the peer).
+    assert sample_indices("vllm", 300, 30.0) == sample_indices("hf", 300, 30.0)
+    assert sample_indices("vllm", 300, 30.0, num_frames=4) == sample_indices("hf", 300, 30.0)
+    assert sample_indices("vllm", 3000, 60.0, fps=45) == sample_indices("hf", 3000, 60.0, fps=30)
+    assert sample_indices("vllm", 300, 30.0, family="qwen3") == sample_indices("qwen3", 300, 30.0)
+    assert sample_indices("vllm", 300, 30.0, num_frames=4, family="qwen3") == sample_indices("qwen3", 300, 30.0)
+
+
+def test_unknown_sampler_and_unknown_frame_rate_are_refused() -> None:
+    with pytest.raises(MediaInvalidError, match="unknown frame sampler 'uniform'"):
+        sample_indices("uniform", 30, 10.0)
+    with pytest.raises(MediaInvalidError, match="no frame rate"):
+        sample_indices("hf", 30, 0.0)
+    assert sample_indices("hf", 30, 0.0, num_frames=4) == [0, 7, 15, 22]
+
+
+def test_do_sample_frames_false_takes_every_frame() -> None:
+    _, (meta,) = preprocess_videos([VIDEOS / "odd7_h264_2fps.mp4"], do_sample_frames=False)
+    assert meta.frame_indices == list(range(7))
 
 
 def test_sampled_video_metadata() -> None:
     packed, (meta,) = preprocess_videos([VIDEOS / "pan_h264_24fps.mp4"], min_pixels=3136, max_pixels=100352)
     assert meta.total_num_frames == 48 and meta.fps == 24.0
-    assert meta.frame_indices == [0, 16, 31, 47]
+    assert meta.frame_indices == [0, 12, 24, 36]
     assert meta.sample_fps == pytest.approx(4 / 48 * 24)
     assert meta.second_per_grid_ts == pytest.approx(2 / meta.sample_fps)
     assert packed.num_frames.tolist() == [4] and packed.imgs_sizes[0, 0] == 2
