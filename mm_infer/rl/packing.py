@@ -63,7 +63,13 @@ def pack(tensors: Sequence[Tensor]) -> Tensor:
 def unpack(buffer: Tensor, metas: Sequence[TensorMeta]) -> list[tuple[str, Tensor]]:
     """uint8 buffer [sum of bytes] -> (name, tensor) views into it, by the announced dtypes and shapes."""
     parts = buffer.split([m.nbytes for m in metas])
-    return [(m.name, part.view(m.dtype).view(m.shape)) for m, part in zip(metas, parts, strict=True)]
+    return [(m.name, _aligned(part, m.dtype.itemsize).view(m.dtype).view(m.shape))
+            for m, part in zip(metas, parts, strict=True)]
+
+
+def _aligned(part: Tensor, itemsize: int) -> Tensor:
+    """A byte slice that can be viewed as `itemsize`-byte elements (copied when odd sizes before it shifted it)."""
+    return part if part.storage_offset() % itemsize == 0 else part.clone()
 
 
 def packed_chunks(named: Iterator[tuple[str, Tensor]], metas: Sequence[TensorMeta], buffer_bytes: int

@@ -93,9 +93,7 @@ class TransferSession:
         """Open a round (a round already open is dropped); pause in mode "wait" unless paused already."""
         self._check_ready()
         if self.round is not None:
-            await self.engine.discard_weights()
-            self.round.tensors = 0
-            return
+            await self._end_round()
         paused_here = not self.gate.paused
         if paused_here:
             await self.gate.pause("wait")
