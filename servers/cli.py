@@ -16,7 +16,7 @@ from servers.vllm_flags import FlagError, add_vllm_flags, check_tokenizer, ignor
 
 ENGINE_FLAGS = ("dtype", "max_model_len", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "seed",
                 "kv_cache_memory_bytes", "gpu_memory_utilization", "device", "block_size", "enable_prefix_caching",
-                "enforce_eager")
+                "enforce_eager", "video_sampler", "mrope_after_video")
 log = logging.getLogger("mm_infer.server")
 
 
@@ -65,7 +65,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                           allow_private_urls=args.allow_private_media_urls, timeout_s=args.media_fetch_timeout,
                           max_bytes=args.max_media_bytes),
         caps=MediaCaps(image_max_pixels=args.max_pixels, video_max_pixels=args.video_max_pixels,
-                       max_video_frames=args.max_video_frames),
+                       max_video_frames=args.max_video_frames, max_video_fps=args.max_video_fps,
+                       video_defaults=args.media_io_kwargs),
         max_sequences_per_request=args.max_sequences_per_request, metrics_public=args.metrics_public,
         body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
         shutdown_timeout_s=args.shutdown_timeout,

@@ -117,6 +117,30 @@ def weight_transfer_config(value: str) -> str:
     return backend
 
 
+VIDEO_SAMPLERS = ("hf", "vllm", "qwen", "qwen3")  # mm_infer.media.frame_sampling.SAMPLERS (not imported: torch)
+
+
+def media_io_kwargs(value: str) -> tuple[tuple[str, float | int], ...]:
+    """--media-io-kwargs '{"video": {"num_frames": 8}}' or '{"video": {"fps": 1}}' (vLLM's JSON): the server's
+    video defaults, which a request's own media_io_kwargs / mm_processor_kwargs override."""
+    try:
+        raw = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or set(raw) - {"video"} or not isinstance(raw.get("video", {}), dict):
+        raise argparse.ArgumentTypeError('expected {"video": {"fps": F}} or {"video": {"num_frames": N}}')
+    video = raw.get("video", {})
+    if unknown := sorted(set(video) - {"fps", "num_frames"}):
+        raise argparse.ArgumentTypeError(f"unsupported video keys {unknown}: only fps and num_frames")
+    if len(video) > 1:
+        raise argparse.ArgumentTypeError("fps and num_frames are mutually exclusive: give one")
+    for key, v in video.items():
+        kind = (int, float) if key == "fps" else int
+        if not isinstance(v, kind) or isinstance(v, bool) or v <= 0:
+            raise argparse.ArgumentTypeError(f"video.{key} must be a positive {'number' if key == 'fps' else 'integer'}")
+    return tuple(sorted(video.items()))
+
+
 def add_serve_flags(srv: argparse.ArgumentParser) -> None:
     """Every flag `mm-infer serve` reads itself (the vLLM flags it only accepts or refuses are in vllm_flags)."""
     _add_server_flags(srv)
@@ -160,6 +184,13 @@ def _add_media_flags(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-pixels", type=int, default=None, help="image max_pixels cap (default: checkpoint)")
     srv.add_argument("--video-max-pixels", type=int, default=None)
     srv.add_argument("--max-video-frames", type=int, default=768)
+    srv.add_argument("--max-video-fps", type=float, default=None, help="cap on a request's fps (default 30)")
+    srv.add_argument("--media-io-kwargs", type=media_io_kwargs, default=(),
+                     help='video defaults as vLLM takes them: \'{"video": {"num_frames": 8}}\' or {"video": {"fps": 1}}')
+    srv.add_argument("--video-sampler", default=None, choices=VIDEO_SAMPLERS,
+                     help="frame rule (default: the checkpoint's HF video processor's; docs/video.md)")
+    srv.add_argument("--mrope-after-video", default=None, choices=("hf", "vllm"),
+                     help="where text positions resume after a video: hf (transformers 5, default) or vllm")
     srv.add_argument("--limit-mm-per-prompt", type=limit_mm, default=None,
                      help='most media items per request, \'{"image": 4, "video": 1}\' or image=4,video=1')
     srv.add_argument("--trust-request-mm-kwargs", action="store_true",

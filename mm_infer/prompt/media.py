@@ -116,4 +116,5 @@ def video_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[M
                                      max_pixels=kw.get("video_max_pixels", d.video_max_pixels), spec=d.spec,
                                      family=d.video_family, min_frames=d.video_min_frames,
                                      max_frames=d.video_max_frames, **opts)
-    return items_from_packed("video", packed, [m.second_per_grid_ts for m in meta], d.timestamps(meta))
+    return items_from_packed("video", packed, [m.second_per_grid_ts for m in meta], d.timestamps(meta),
+                             [m.frame_indices for m in meta])

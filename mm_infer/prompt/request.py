@@ -21,6 +21,7 @@ class MediaItem:
     content_hash: str
     second_per_grid_t: float | None = None
     timestamps: tuple[float, ...] | None = None  # Qwen3-VL videos: seconds of each temporal patch (prompt text)
+    frame_indices: tuple[int, ...] | None = None  # videos: the decoded frames used, as the sampler picked them
 
     def num_tokens(self, merge: int) -> int:
         """Placeholder tokens this item expands to: t*h*w/merge²."""
@@ -36,13 +37,15 @@ def pixel_hash(packed: PackedTensor) -> str:
 
 
 def items_from_packed(modality: str, packed: PackedTensor, seconds: list[float] | None = None,
-                      timestamps: list[list[float]] | None = None) -> list[MediaItem]:
+                      timestamps: list[list[float]] | None = None,
+                      frames: list[list[int]] | None = None) -> list[MediaItem]:
     """One MediaItem per item of a PackedTensor (its upstream content hashes, else a pixel digest)."""
     parts = packed.split()
     hashes = list(packed.content_hashes) if packed.content_hashes else [pixel_hash(p) for p in parts]
     return [MediaItem(modality, part.pixel_values, tuple(int(x) for x in part.imgs_sizes[0].tolist()),  # type: ignore[arg-type]
                       hashes[k], None if seconds is None else float(seconds[k]),
-                      None if timestamps is None else tuple(timestamps[k]))
+                      None if timestamps is None else tuple(timestamps[k]),
+                      None if frames is None else tuple(frames[k]))
             for k, part in enumerate(parts)]
 
 

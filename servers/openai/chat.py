@@ -43,8 +43,10 @@ from servers.openai.replies import (
     ChoiceLogprobs,
     DeltaMessage,
     FunctionCall,
+    PromptMediaOut,
     ToolCallDelta,
     ToolCallOut,
+    prompt_media,
 )
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
@@ -64,13 +66,14 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                             continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None,
                             mm_processor_kwargs: dict[str, Any] | None,
                             tools: list[Tool] | None, chat_template: str | None = None,
-                            add_special_tokens: bool = False, cache_salt: str | None = None) -> PromptInput:
+                            add_special_tokens: bool = False, cache_salt: str | None = None,
+                            media_io_kwargs: dict[str, Any] | None = None) -> PromptInput:
     """The typed prompt: token ids (earlier turns' exact ids spliced in) plus processed media items; the
     request's chat_template, else the server's, else the checkpoint's."""
     check_text(state.preparer.tokenizer, state.backend.max_model_len, message_texts(messages), "messages")
     chat = parse_messages(messages)
     check_media_counts((ref.kind for ref in chat.media), state.config.limit_mm_per_prompt)
-    opts = state.media.options(mm_processor_kwargs)
+    opts = state.media.options(mm_processor_kwargs, media_io_kwargs)
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
     render = state.preparer.renderer.render
     kwargs = {"chat_template_kwargs": chat_template_kwargs, "tools": tool_dicts,
@@ -137,11 +140,13 @@ def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, 
 
 
 def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, rid: str,
-                  created: int, weight_version: int | None = None) -> ChatCompletionResponse:
+                  created: int, weight_version: int | None = None,
+                  media: list[PromptMediaOut] | None = None) -> ChatCompletionResponse:
     return ChatCompletionResponse(
         id=rid, created=created, model=state.config.model_name,
         choices=[_choice(state, req, out, c) for c in out.outputs], usage=usage(out),
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
+        prompt_media=media if req.return_token_ids else None,
         prompt_logprobs=prompt_logprobs(state.preparer.tokenizer, out, req.return_tokens_as_token_ids)
         if req.prompt_logprobs is not None else None,
         weight_version=state.backend.weight_version if weight_version is None else weight_version)
@@ -189,7 +194,7 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
-                  created: int) -> AsyncIterator[str]:
+                  created: int, media: list[PromptMediaOut]) -> AsyncIterator[str]:
     def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
@@ -201,7 +206,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         yield sse(ChatCompletionChunk(**head(), choices=[
             ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=echo_text(req)))],
             prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None,
-            usage=so_far(0)))
+            prompt_media=media if req.return_token_ids and i == 0 else None, usage=so_far(0)))
 
     def event(_: int, out: RequestOutput) -> str | None:
         choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
@@ -233,14 +238,17 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         state, req.messages, add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message, chat_template_kwargs=template_kwargs(req),
         mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools if req.tool_choice != "none" else None,
-        chat_template=req.chat_template, add_special_tokens=req.add_special_tokens, cache_salt=req.cache_salt)
+        chat_template=req.chat_template, add_special_tokens=req.add_special_tokens, cache_salt=req.cache_salt,
+        media_io_kwargs=req.media_io_kwargs)
     prompt = truncate_prompt(prompt, truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len),
                              state.preparer.placeholder_ids, state.preparer.merge_size)
     rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gen = Generation(state, prompt, params, rid, req.affinity_key, req.stream)
+    media = prompt_media(prompt.images, prompt.videos)
     if req.stream:
         await watch(gen.start(), request.is_disconnected)
-        return ClosingStreamingResponse(_chunks(state, req, gen, rid, created), media_type="text/event-stream")
+        return ClosingStreamingResponse(_chunks(state, req, gen, rid, created, media),
+                                        media_type="text/event-stream")
     out = await gen.final(request.is_disconnected)
-    return chat_response(state, req, out, rid, created, gen.weight_version)
+    return chat_response(state, req, out, rid, created, gen.weight_version, media)

@@ -25,7 +25,8 @@ class MediaCaps:
     image_max_pixels: int | None = None
     video_max_pixels: int | None = None
     max_video_frames: int = 768
-    max_video_fps: float | None = None
+    max_video_fps: float | None = None  # None: 30, the most vLLM's video loaders sample
+    video_defaults: tuple[tuple[str, Any], ...] = ()  # --media-io-kwargs '{"video": {...}}': fps or num_frames
     uuid_cache_bytes: int = 256 * 1024 * 1024  # processed media kept for requests that name it by uuid
     uuid_name_entries: int = 65536  # (client scope, uuid) names remembered for requests that send a uuid alone
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 from mm_infer.media import MediaProcessor, MediaTooLargeError
@@ -15,6 +14,7 @@ from mm_infer.prompt.request import MediaItem, items_from_packed
 from servers.openai.addresses import is_public_address
 from servers.openai.config import MediaCaps
 from servers.openai.media_fetch import MediaFetcher
+from servers.openai.media_options import MediaOptions, media_options
 from servers.openai.messages import MediaRef
 from servers.openai.replies import ApiError
 
@@ -26,18 +26,6 @@ media_client_scope: ContextVar[str] = ContextVar("media_client_scope", default="
 
 NAME_ENTRY_BYTES = 256  # what one (scope, uuid) -> content entry is charged in the name index
 HASH_INLINE_BYTES = 1 << 20  # hash bigger payloads off the event loop
-
-IMAGE_KEYS = {"min_pixels", "max_pixels"}
-VIDEO_KEYS = {"fps", "num_frames", "video_min_pixels", "video_max_pixels", "total_pixels"}
-
-
-@dataclass(frozen=True)
-class MediaOptions:
-    """Per-request processing options after checking them against the server caps."""
-
-    image: tuple[tuple[str, Any], ...]
-    video: tuple[tuple[str, Any], ...]
-
 
 def _kind_options(kind: str, opts: MediaOptions) -> tuple[tuple[str, Any], ...]:
     return opts.image if kind == "image" else opts.video
@@ -69,9 +57,6 @@ class MediaResolver:
         self.fetcher = fetcher
         self.processor = processor
         self.caps = caps
-        self.image_max = caps.image_max_pixels or defaults.image_max_pixels
-        self.video_max = caps.video_max_pixels or defaults.video_max_pixels
-        self.max_fps = caps.max_video_fps or defaults.video_fps
         self.defaults = defaults
         self._by_content: ByteLRU[MediaItem] = ByteLRU(caps.uuid_cache_bytes)
         self._by_name: ByteLRU[str] = ByteLRU(caps.uuid_name_entries * NAME_ENTRY_BYTES)
@@ -80,34 +65,9 @@ class MediaResolver:
     def uuid_hits(self) -> int:
         return self._by_content.hits
 
-    def options(self, kwargs: dict[str, Any] | None) -> MediaOptions:
-        """Check mm_processor_kwargs: known keys only, and never above the server caps (400 otherwise)."""
-        kw = dict(kwargs or {})
-        if unknown := sorted(set(kw) - IMAGE_KEYS - VIDEO_KEYS):
-            raise ApiError(400, f"unrecognized mm_processor_kwargs: {', '.join(unknown)}",
-                           param="mm_processor_kwargs")
-        limits = {"max_pixels": self.image_max, "min_pixels": self.image_max, "video_max_pixels": self.video_max,
-                  "video_min_pixels": self.video_max, "total_pixels": None,
-                  "num_frames": self.caps.max_video_frames, "fps": self.max_fps}
-        for key, value in kw.items():
-            kind = (int, float) if key == "fps" else int
-            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
-                raise ApiError(400, f"mm_processor_kwargs.{key} must be a positive "
-                               f"{'number' if key == 'fps' else 'integer'}", param=f"mm_processor_kwargs.{key}")
-            cap = limits[key]
-            if cap is not None and value > cap:
-                raise ApiError(400, f"mm_processor_kwargs.{key}={value} is above this server's cap of {cap}",
-                               param=f"mm_processor_kwargs.{key}")
-        image = {"min_pixels": kw.get("min_pixels", self.defaults.image_min_pixels),
-                 "max_pixels": kw.get("max_pixels", self.image_max)}
-        video = {"min_pixels": kw.get("video_min_pixels", self.defaults.video_min_pixels),
-                 "max_pixels": kw.get("video_max_pixels", self.video_max), "fps": float(kw.get("fps", self.max_fps)),
-                 "num_frames": kw.get("num_frames"), "total_pixels": kw.get("total_pixels")}
-        for name, opts in (("image", image), ("video", video)):
-            if opts["min_pixels"] and opts["max_pixels"] and opts["min_pixels"] > opts["max_pixels"]:
-                raise ApiError(400, f"{name} min_pixels ({opts['min_pixels']}) is above max_pixels "
-                               f"({opts['max_pixels']})", param="mm_processor_kwargs")
-        return MediaOptions(tuple(sorted(image.items())), tuple(sorted(video.items())))
+    def options(self, kwargs: dict[str, Any] | None, media_io_kwargs: dict[str, Any] | None = None) -> MediaOptions:
+        """Check mm_processor_kwargs and media_io_kwargs: known keys only, never above the server caps (400)."""
+        return media_options(kwargs, media_io_kwargs, self.caps, self.defaults)
 
     def _named(self, ref: MediaRef, opts: MediaOptions, scope: str) -> MediaItem:
         """The item this scope stored under ref.uuid with these options (400 when there is none)."""
@@ -123,7 +83,8 @@ class MediaResolver:
         packed, metas = await self.processor.aprocess(kind, [data], **overrides)
         seconds = None if kind == "image" else [float(metas[0].second_per_grid_ts or 0.0)]
         stamps = None if kind == "image" else self.defaults.timestamps(metas)  # Qwen3-VL's "<t seconds>"
-        return items_from_packed(kind, packed, seconds, stamps)[0], int(packed.pixel_values.nbytes)
+        frames = None if kind == "image" else [list(metas[0].frame_indices)]
+        return items_from_packed(kind, packed, seconds, stamps, frames)[0], int(packed.pixel_values.nbytes)
 
     async def _one(self, ref: MediaRef, opts: MediaOptions) -> MediaItem:
         scope = media_client_scope.get()

@@ -160,6 +160,7 @@ class ChatCompletionRequest(SamplingFields, VllmChatFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None  # vLLM's: {"video": {"fps": F} or {"num_frames": N}}
 
 
 class CompletionRequest(SamplingFields, VllmCompletionFields):
@@ -179,6 +180,7 @@ class TokenizeRequest(Strict):
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # as for chat (vLLM's tokenize request has it too)
     mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     return_token_strs: bool = False
 

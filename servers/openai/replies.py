@@ -64,6 +64,23 @@ class ChatChoice(BaseModel):
     token_ids: list[int] | None = None
 
 
+class PromptMediaOut(BaseModel):
+    """One media item as it entered the prompt (with return_token_ids): a trainer reproduces it from these."""
+
+    modality: str
+    grid_thw: list[int]
+    content_hash: str
+    frame_indices: list[int] | None = None  # videos: the decoded frames used, as the sampler picked them
+    second_per_grid_t: float | None = None  # videos: seconds per temporal patch (Qwen2.5-VL's M-RoPE)
+
+
+def prompt_media(images: list[Any], videos: list[Any]) -> list[PromptMediaOut]:
+    """Images, then videos, each kind in prompt order (MediaItems)."""
+    return [PromptMediaOut(modality=it.modality, grid_thw=list(it.grid_thw), content_hash=it.content_hash,
+                           frame_indices=None if it.frame_indices is None else list(it.frame_indices),
+                           second_per_grid_t=it.second_per_grid_t) for it in [*images, *videos]]
+
+
 class ChatCompletionResponse(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
@@ -72,6 +89,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_token_ids: list[int] | None = None
+    prompt_media: list[PromptMediaOut] | None = None
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
     weight_version: int | None = None
 
@@ -101,6 +119,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
+    prompt_media: list[PromptMediaOut] | None = None
     weight_version: int | None = None
 
 
@@ -170,6 +189,7 @@ class PlaceholderOut(BaseModel):
     modality: str
     offset: int
     length: int
+    frame_indices: list[int] | None = None  # videos: the decoded frames used
 
 
 class TokenizeResponse(BaseModel):

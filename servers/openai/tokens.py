@@ -20,7 +20,8 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
         prompt = await build_chat_prompt(
             state, req.messages, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
-            mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools, chat_template=req.chat_template)
+            mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools, chat_template=req.chat_template,
+            media_io_kwargs=req.media_io_kwargs)
     else:
         text = req.prompt or ""
         check_text(state.preparer.tokenizer, state.backend.max_model_len, [text], "prompt")
@@ -34,8 +35,13 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
     return TokenizeResponse(
         count=len(ids), max_model_len=state.backend.max_model_len, tokens=ids,
         token_strs=[token_str(state.preparer.tokenizer, t, False) for t in ids] if req.return_token_strs else None,
-        placeholders=[PlaceholderOut(modality=r.modality, offset=r.offset, length=r.length)
+        placeholders=[PlaceholderOut(modality=r.modality, offset=r.offset, length=r.length,
+                                     frame_indices=_frames(prepared.items[r.item_index].frame_indices))
                       for r in prepared.placeholders])
+
+
+def _frames(indices: tuple[int, ...] | None) -> list[int] | None:
+    return None if indices is None else list(indices)
 
 
 def detokenize(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:

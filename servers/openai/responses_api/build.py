@@ -39,8 +39,8 @@ class ItemIds:
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "stop", "stop_token_ids",
-                   "skip_special_tokens", "chat_template_kwargs", "mm_processor_kwargs", "request_id", "user",
-                   "priority", "cache_salt")
+                   "skip_special_tokens", "chat_template_kwargs", "mm_processor_kwargs", "media_io_kwargs",
+                   "request_id", "user", "priority", "cache_salt")
 
 
 def _check_supported(req: ResponsesRequest) -> None:

@@ -26,7 +26,8 @@ async def create_response(state: ServerState, req: ResponsesRequest,
     prompt = await build_chat_prompt(
         state, chat.messages, add_generation_prompt=True, continue_final_message=False,
         chat_template_kwargs=template_kwargs(chat), mm_processor_kwargs=chat.mm_processor_kwargs,
-        tools=chat.tools if chat.tool_choice != "none" else None, cache_salt=chat.cache_salt)
+        tools=chat.tools if chat.tool_choice != "none" else None, cache_salt=chat.cache_salt,
+        media_io_kwargs=chat.media_io_kwargs)
     head = response_head(state, req, f"resp_{req.request_id or uuid.uuid4().hex}", int(time.time()))
     gen = Generation(state, prompt, params, head.id, None, req.stream)
     if req.stream:

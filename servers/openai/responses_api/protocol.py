@@ -136,4 +136,5 @@ class ResponsesRequest(Strict):
     skip_special_tokens: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None
     request_id: str | None = None
