@@ -58,7 +58,10 @@ def positions_for_runs(num_tokens: int, runs: Sequence[tuple[int, Sequence[int],
     """Positions [3, num_tokens] and the decode delta, given each media run's (offset, grid, time interval).
 
     Text resumes after a run by `after_video` (MROPE_RULES): "hf" at run start + max(h, w)/merge, "vllm" at
-    max(the run's positions) + 1. The decode delta is max(all positions) + 1 - num_tokens under both.
+    max(the run's positions) + 1. Generated tokens continue from the last prompt token's position + 1 when the
+    prompt ends in text: HF's generate (each row from its last id) and HF's forward over prompt + completion (what
+    a trainer scores) both do; under "vllm" that is max + 1, vLLM's delta. A prompt that ends in media tokens
+    decodes from max(all positions) + 1 (vLLM's formula, and HF's rope_deltas).
     """
     if after_video not in MROPE_RULES:
         raise ValueError(f"unknown mrope_after_video {after_video!r}, expected one of {MROPE_RULES}")
@@ -71,11 +74,14 @@ def positions_for_runs(num_tokens: int, runs: Sequence[tuple[int, Sequence[int],
         parts.append(vision_positions(pos, grid, merge, interval))
         pos = int(parts[-1].max()) + 1 if after_video == "vllm" else pos + max(int(grid[1]), int(grid[2])) // merge
         cursor = offset + int(grid[0]) * int(grid[1]) * int(grid[2]) // merge**2
-    if num_tokens > cursor:
+    trailing_text = num_tokens > cursor
+    if trailing_text:
         parts.append((torch.arange(num_tokens - cursor) + pos).expand(3, -1))
     positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
-    delta = int(positions.max()) + 1 - num_tokens if num_tokens else 0
-    return positions, delta
+    if not num_tokens:
+        return positions, 0
+    resume = int(positions[0, -1]) if trailing_text else int(positions.max())
+    return positions, resume + 1 - num_tokens
 
 
 def mrope_from_placeholders(num_tokens: int, placeholders: Sequence[PlaceholderRange], items: Sequence[Any],
