@@ -5,7 +5,11 @@ on every engine at once. A broadcast that breaks off leaves the old weights in f
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -16,6 +20,8 @@ from servers.openai.pause import PauseGate
 from servers.openai.replies import ApiError
 from servers.openai.sleep import SleepControl
 from servers.openai.weight_transfer_protocol import InitInfo, UpdateInfo
+
+T = TypeVar("T")
 
 OFF = ("weight transfer is off: start the server with --weight-transfer-config '{\"backend\": \"gloo\"}' (CPU) or "
        "'{\"backend\": \"nccl\"}' (CUDA)")
@@ -46,6 +52,15 @@ def to_metas(info: UpdateInfo) -> tuple[TensorMeta, ...]:
     return tuple(metas)
 
 
+def serialized(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """One session call at a time: a /start_weight_update sent while an update is still receiving waits for it."""
+    @functools.wraps(method)
+    async def locked(self: TransferSession, *args: Any) -> T:
+        async with self.lock:
+            return await method(self, *args)
+    return locked
+
+
 class TransferSession:
     """The group (joined once per /init_weight_transfer_engine) and the open round; one call at a time."""
 
@@ -57,6 +72,7 @@ class TransferSession:
         self.ready = False
         self.round: Round | None = None
         self.last_error: str | None = None
+        self.lock = asyncio.Lock()
 
     def _check_ready(self) -> None:
         if self.backend is None:
@@ -65,6 +81,7 @@ class TransferSession:
             why = f" (the last one failed: {self.last_error})" if self.last_error else ""
             raise ApiError(409, f"no weight-transfer group: POST /init_weight_transfer_engine first{why}")
 
+    @serialized
     async def init(self, info: InitInfo) -> None:
         if self.backend is None:
             raise ApiError(400, OFF)
@@ -89,7 +106,11 @@ class TransferSession:
                            f"{info.master_port} ({self.last_error})") from None
         self.ready, self.last_error = True, None
 
+    @serialized
     async def start(self) -> None:
+        await self._start()
+
+    async def _start(self) -> None:
         """Open a round (a round already open is dropped); pause in mode "wait" unless paused already."""
         self._check_ready()
         if self.round is not None:
@@ -99,6 +120,7 @@ class TransferSession:
             await self.gate.pause("wait")
         self.round = Round(paused_here)
 
+    @serialized
     async def update(self, info: UpdateInfo) -> int:
         """Check the announced tensors against the model (400, nothing received), then receive the broadcast."""
         self._check_ready()
@@ -109,7 +131,7 @@ class TransferSession:
             raise ApiError(400, f"update_info: {e}", param="update_info") from None
         self.sleep.check_refit()
         if self.round is None:
-            await self.start()  # vLLM clients that skip /start_weight_update
+            await self._start()  # vLLM clients that skip /start_weight_update
         assert self.round is not None
         try:
             count = await self.engine.receive_weights(TransferUpdate(metas, info.packed, info.packed_buffer_size_bytes))
@@ -121,6 +143,7 @@ class TransferSession:
         self.round.tensors += count
         return count
 
+    @serialized
     async def finish(self, version: int | None) -> tuple[int, int]:
         """Swap the round's tensors in on every engine; (new weight version, tensors loaded)."""
         self._check_ready()

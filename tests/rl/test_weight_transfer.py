@@ -177,3 +177,37 @@ def test_weight_transfer_off_is_a_400_naming_the_flag():
     with pytest.raises(ApiError) as err:
         asyncio.run(session.init(InitInfo(master_address="h", master_port=1, rank_offset=1, world_size=2)))
     assert err.value.status == 400 and "--weight-transfer-config" in err.value.message
+
+
+def test_a_start_sent_while_an_update_receives_waits_for_it_and_never_leaves_the_server_paused(server):
+    """The race the killed-trainer tests met: /start_weight_update polled while the broken broadcast was still
+    being noticed reopened a round nobody would finish, and the server stayed paused."""
+    engine = _Breaking(server.state.backend.reference_model)
+    release = asyncio.Event()
+
+    async def slow_failure(update) -> int:
+        await release.wait()
+        raise TransferFailedError("the broadcast broke off after 1 of 1 tensors (peer gone)")
+
+    engine.receive_weights = slow_failure  # type: ignore[method-assign]
+    info = UpdateInfo(names=["model.embed_tokens.weight"], dtype_names=["float32"],
+                      shapes=[list(dict(engine.reference_model.named_parameters())["language.embed_tokens.weight"]
+                                   .shape)])
+
+    async def race() -> tuple[BaseException | None, BaseException | None, PauseGate]:
+        gate = PauseGate(engine)  # type: ignore[arg-type]
+        session = TransferSession("gloo", engine, gate, SleepControl(False, engine, gate))  # type: ignore[arg-type]
+        session.ready = True
+        update = asyncio.create_task(session.update(info))
+        await asyncio.sleep(0.05)
+        start = asyncio.create_task(session.start())
+        await asyncio.sleep(0.05)
+        assert not start.done(), "start must wait for the update under way"
+        release.set()
+        results = await asyncio.gather(update, start, return_exceptions=True)
+        return results[0], results[1], gate  # type: ignore[return-value]
+
+    update_err, start_err, gate = asyncio.run(race())
+    assert isinstance(update_err, ApiError) and update_err.status == 500
+    assert isinstance(start_err, ApiError) and start_err.status == 409 and "peer gone" in start_err.message
+    assert not gate.paused
