@@ -3,6 +3,7 @@
 Usage:
   python scripts/parity.py --a http://127.0.0.1:8000 --b http://127.0.0.1:8001 --out report.json
   python scripts/parity.py --a http://127.0.0.1:8000 --start-hf assets/models/tiny-qwen2-vl   # b: HF reference
+  python scripts/parity.py --a http://127.0.0.1:8000 --b http://127.0.0.1:8001 --suite codecs   # every parity video
 Greedy, logprobs, `return_token_ids`; per turn and in aggregate: prompt ids agreement, exact match of generated ids
 (text when a side gives none), first divergence, max |dlogprob| and mean exp|dlogprob| over the agreeing prefix.
 """
@@ -23,7 +24,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from mm_infer.data.parity_suite import SUITES, Case, build_suite  # noqa: E402
+from mm_infer.data.parity_suite import DEFAULT_SUITES, SUITES, Case, build_suite  # noqa: E402
 
 
 @dataclass
@@ -220,7 +221,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--b", help="base URL of server b (or --start-hf)")
     p.add_argument("--model", help="model name sent to both (default: each server's first /v1/models entry)")
     p.add_argument("--api-key")
-    p.add_argument("--suite", default=",".join(SUITES), help="comma-separated subset of image,video,multiturn")
+    p.add_argument("--suite", default=",".join(DEFAULT_SUITES),
+                   help=f"comma-separated subset of {','.join(SUITES)} (codecs: every video in assets/media/videos)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top-logprobs", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0)

@@ -137,7 +137,8 @@ def media_io_kwargs(value: str) -> tuple[tuple[str, float | int], ...]:
     for key, v in video.items():
         kind = (int, float) if key == "fps" else int
         if not isinstance(v, kind) or isinstance(v, bool) or v <= 0:
-            raise argparse.ArgumentTypeError(f"video.{key} must be a positive {'number' if key == 'fps' else 'integer'}")
+            what = "number" if key == "fps" else "integer"
+            raise argparse.ArgumentTypeError(f"video.{key} must be a positive {what}")
     return tuple(sorted(video.items()))
 
 
@@ -186,7 +187,7 @@ def _add_media_flags(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-video-frames", type=int, default=768)
     srv.add_argument("--max-video-fps", type=float, default=None, help="cap on a request's fps (default 30)")
     srv.add_argument("--media-io-kwargs", type=media_io_kwargs, default=(),
-                     help='video defaults as vLLM takes them: \'{"video": {"num_frames": 8}}\' or {"video": {"fps": 1}}')
+                     help='video defaults, as vLLM takes them: \'{"video": {"num_frames": 8}}\' or fps instead')
     srv.add_argument("--video-sampler", default=None, choices=VIDEO_SAMPLERS,
                      help="frame rule (default: the checkpoint's HF video processor's; docs/video.md)")
     srv.add_argument("--mrope-after-video", default=None, choices=("hf", "vllm"),

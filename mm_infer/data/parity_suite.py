@@ -1,14 +1,21 @@
-"""The parity suite: fixed, seeded multimodal chat conversations (image, video, multi-turn) as OpenAI parts."""
+"""The parity suite: fixed, seeded multimodal chat conversations (image, video, multi-turn, encoded videos in several
+codecs and frame rates) as OpenAI parts."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mm_infer.data import make_sample
 from mm_infer.data.media_urls import image_url, video_url
 
-SUITES = ("image", "video", "multiturn")
+SUITES = ("image", "video", "multiturn", "codecs")
+DEFAULT_SUITES = ("image", "video", "multiturn")
+# the encoded parity videos (assets/media/videos in a checkout): H.264, MPEG-4, VP8, VP9 at 2 to 30 fps
+CODEC_VIDEOS = Path(__file__).resolve().parents[2] / "assets" / "media" / "videos"
+VIDEO_MIME = {".mp4": "video/mp4", ".webm": "video/webm", ".avi": "video/x-msvideo", ".mov": "video/quicktime"}
 
 
 @dataclass(frozen=True)
@@ -48,4 +55,16 @@ def build_suite(suites: list[str], seed: int = 0) -> list[Case]:
     if "multiturn" in suites:
         part, q = _image(seed, 7, "colour")
         cases.append(Case("multiturn-image", "multiturn", [[part, _text(q)], [_text("What shape is it?")]], [6, 8]))
+    if "codecs" in suites:
+        cases += codec_cases(CODEC_VIDEOS)
+    return cases
+
+
+def codec_cases(folder: Path) -> list[Case]:
+    """One greedy case per encoded video in `folder` (sent as a data URL), sorted by name."""
+    cases = []
+    for path in sorted(p for p in folder.glob("*") if p.suffix in VIDEO_MIME):
+        url = f"data:{VIDEO_MIME[path.suffix]};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+        part = {"type": "video_url", "video_url": {"url": url}}
+        cases.append(Case(f"codec-{path.name}", "codecs", [[part, _text("What happens in this video?")]], [8]))
     return cases

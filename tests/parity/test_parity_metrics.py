@@ -67,3 +67,13 @@ def test_cli_needs_exactly_one_side_b(parity: ModuleType) -> None:
         parity.parse_args(["--a", "http://x"])
     with pytest.raises(SystemExit):
         parity.parse_args(["--a", "http://x", "--b", "http://y", "--suite", "audio"])
+
+
+def test_codecs_suite_has_one_case_per_parity_video(parity: ModuleType) -> None:
+    from mm_infer.data.parity_suite import CODEC_VIDEOS
+
+    cases = parity.build_suite(["codecs"])
+    assert [c.name for c in cases] == [f"codec-{p.name}" for p in sorted(CODEC_VIDEOS.iterdir())]
+    urls = [c.turns[0][0]["video_url"]["url"] for c in cases]
+    assert {u.split(";")[0] for u in urls} == {"data:video/mp4", "data:video/webm", "data:video/x-msvideo"}
+    assert "codecs" not in {c.suite for c in parity.build_suite(list(parity.DEFAULT_SUITES))}

@@ -3,24 +3,18 @@ give the same token ids from both servers. Skipped, with the reason, when the pe
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from parity_cases import CKPT, REPO
+from peer_cases import needs_peer, vllm_peer
 
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
 
-VENV = REPO / ".peers" / "vllm-venv"
-SERVE = REPO.parent / "shared" / "peers" / "vllm-cpu" / "serve.sh"
-pytestmark = pytest.mark.skipif(not (VENV / "bin" / "python").exists() or not SERVE.exists(),
-                                reason=f"the vLLM CPU peer is not set up ({VENV}; bash {SERVE.parent}/setup.sh)")
+pytestmark = needs_peer
 
 IMAGE = REPO / "assets" / "media" / "images" / "photo.png"
 MSGS = [{"role": "user", "content": "Describe a quiet street."}]
@@ -38,33 +32,10 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def _wait(base: str, proc: subprocess.Popen | None, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc is None or proc.poll() is None, "the vLLM peer exited"
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    raise AssertionError("the vLLM peer did not come up")
-
-
 @pytest.fixture(scope="module")
 def vllm_base() -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "VENV": str(VENV), "PEER_CACHE": str(REPO / ".peers" / "cache"), "MAX_MODEL_LEN": "1024"}
-    proc = subprocess.Popen(["bash", str(SERVE), str(CKPT), str(port), "--enforce-eager",
-                             "--allowed-local-media-path", str(IMAGE.parent), "--max-num-seqs", "8"], cwd=REPO,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait(base, proc)
+    with vllm_peer(CKPT, "--allowed-local-media-path", str(IMAGE.parent), "--max-num-seqs", "8") as base:
         yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
