@@ -148,6 +148,8 @@ class TransferSession:
         """Swap the round's tensors in on every engine; (new weight version, tensors loaded)."""
         self._check_ready()
         if self.round is None or not self.round.tensors:
+            if self.round is not None:  # TRL's weight_update() finishes in a `finally`: never leave the server paused
+                await self._end_round()
             raise ApiError(409, "no weights were received in this round: POST /start_weight_update and "
                            "/update_weights first")
         new = self.engine.weight_version + 1 if version is None else version
