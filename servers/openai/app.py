@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,11 +12,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import mm_infer
+from servers.openai.abort import add_abort_routes, base_request_id
 from servers.openai.admin import add_admin_routes
 from servers.openai.chat import create_chat_completion
 from servers.openai.completions import create_completion
+from servers.openai.generate import generate_tokens
+from servers.openai.generate_protocol import GenerateRequest
 from servers.openai.middleware import ServerMiddleware, log_error
 from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from servers.openai.render import render_chat, render_completion
 from servers.openai.replies import (
     ApiError,
     ModelCard,
@@ -38,7 +43,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         log_error(request.method, request.url.path, exc)
-        return error_response(exc.status, exc.message, exc.param)
+        rid = getattr(request.state, "request_id", None)
+        return error_response(exc.status, exc.message, exc.param, exc.type if exc.extra else None, exc.extra,
+                              {"X-Request-Id": rid} if rid else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -89,6 +96,19 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
         return PlainTextResponse(state.metrics.render(state.gauges()), media_type="text/plain; version=0.0.4")
 
 
+def name_request(request: Request, req: Any, prefix: str) -> str:
+    """Fix the request's id up front (header, body, or fresh): its answer, error and /abort_requests use it."""
+    req.request_id = base_request_id(request, req.request_id)
+    request.state.request_id = f"{prefix}{req.request_id}"
+    return request.state.request_id
+
+
+def echo_id(result: Any, response: Response, rid: str) -> Any:
+    """The request's id in the X-Request-Id header (a stream's own response, or the one FastAPI fills)."""
+    (result if isinstance(result, Response) else response).headers["X-Request-Id"] = rid
+    return result
+
+
 def build_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -100,12 +120,27 @@ def build_app(state: ServerState) -> FastAPI:
     _install_error_handlers(app)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest, request: Request):
-        return await create_chat_completion(state, req, request)
+    async def chat(req: ChatCompletionRequest, request: Request, response: Response):
+        rid = name_request(request, req, "chatcmpl-")
+        return echo_id(await create_chat_completion(state, req, request), response, rid)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        return await create_completion(state, req, request)
+    async def completions(req: CompletionRequest, request: Request, response: Response):
+        rid = name_request(request, req, "cmpl-")
+        return echo_id(await create_completion(state, req, request), response, rid)
+
+    @app.post("/v1/chat/completions/render")
+    async def chat_render(req: ChatCompletionRequest, request: Request):
+        return await render_chat(state, req, base_request_id(request, req.request_id))
+
+    @app.post("/v1/completions/render")
+    async def completions_render(req: CompletionRequest, request: Request):
+        return await render_completion(state, req, base_request_id(request, req.request_id))
+
+    @app.post("/inference/v1/generate")
+    async def generate(req: GenerateRequest, request: Request, response: Response):
+        rid = name_request(request, req, "generate-tokens-")
+        return echo_id(await generate_tokens(state, req, request, req.request_id or ""), response, rid)
 
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request):
@@ -113,6 +148,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     _add_info_routes(app, state)
     add_admin_routes(app, state)
+    add_abort_routes(app, state)
     cfg = state.config
     app.add_middleware(ServerMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
                        metrics=state.metrics, known_paths=frozenset(getattr(r, "path", "") for r in app.routes),

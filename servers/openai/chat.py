@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
+from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_sequences, check_text, message_texts
@@ -230,7 +231,8 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         yield text
 
 
-async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
+async def chat_request_prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[SamplingParams, PromptInput]:
+    """A chat request's SamplingParams and (truncated) prompt: what the chat and render endpoints both start from."""
     check_tool_choice(req)
     params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
     check_sequences(1, req.n, state.config.max_sequences_per_request)
@@ -242,6 +244,11 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         media_io_kwargs=req.media_io_kwargs)
     prompt = truncate_prompt(prompt, truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len),
                              state.preparer.placeholder_ids, state.preparer.merge_size)
+    return params, prompt
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
+    params, prompt = await chat_request_prompt(state, req)
     rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gen = Generation(state, prompt, params, rid, req.affinity_key, req.stream)

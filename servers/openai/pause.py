@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -97,6 +98,15 @@ class PauseGate:
         await self.engine.set_frozen(False)
         await self._abort_inflight(reason)
         return left
+
+    def abort_matching(self, matches: Callable[[str], bool], reason: str) -> list[str]:
+        """Abort the in-flight requests whose id `matches` (their errors carry `reason`); their ids. One still
+        preparing its prompt ends at its first output."""
+        hit = [t for t in self._inflight.values() if matches(t.request_id)]
+        for ticket in hit:
+            ticket.aborted, ticket.reason = True, ticket.reason or reason
+            self.engine.abort(ticket.request_id)
+        return [t.request_id for t in hit]
 
     def refuse(self, reason: str | None) -> None:
         """With a reason, admit() answers 503 with it (requests held by a pause too); None: back to the pause

@@ -223,22 +223,26 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 class ApiError(Exception):
     """An error answered to the client with `status` and an OpenAI error body."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.extra = extra  # top-level keys beside "error" (an aborted request's partial output)
 
 
-def error_body(status: int, message: str, param: str | None = None, type: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, param: str | None = None, type: str | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
     info = ErrorInfo(message=message, type=type or _TYPES.get(status, "invalid_request_error"), param=param,
                      code=status)
-    return ErrorResponse(error=info).model_dump()
+    return {**ErrorResponse(error=info).model_dump(), **(extra or {})}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
+def error_response(status: int, message: str, param: str | None = None, type: str | None = None,
+                   extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, type, extra), status_code=status, headers=headers)
 
 
 def from_exception(exc: BaseException) -> ApiError:

@@ -11,6 +11,7 @@ from mm_infer.media import MediaLimits, MediaProcessor
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.serving import EngineBackend, LocalBackend
 from servers.openai.config import ServerConfig
+from servers.openai.features import FeatureStore
 from servers.openai.generation_defaults import load_generation_defaults, log_generation_defaults
 from servers.openai.media import MediaFetcher, MediaResolver
 from servers.openai.metrics import Metrics, Reading
@@ -27,6 +28,7 @@ class ServerState:
     parser: OutputParser
     gate: PauseGate
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # generation_config defaults (vLLM's rule)
+    features: FeatureStore = field(default_factory=lambda: FeatureStore(256 << 20))  # render's items, by hash
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -67,4 +69,4 @@ def build_state(config: ServerConfig, backend: EngineBackend | None = None) -> S
                           backend.preparer.media_defaults, config.caps)
     return ServerState(config, backend, backend.preparer, media,
                        build_output_parser(config.reasoning_parser, config.tool_parser), PauseGate(backend),
-                       defaults)
+                       defaults, features=FeatureStore(config.caps.uuid_cache_bytes))

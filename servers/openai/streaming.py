@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -16,6 +17,8 @@ from starlette.types import Send
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.request import VLMRequest
+from servers.openai.outputs import json_logprobs
 from servers.openai.pause import Ticket
 from servers.openai.replies import ApiError, error_body, from_exception
 from servers.openai.state import ServerState
@@ -33,17 +36,28 @@ def output_version(state: ServerState, out: RequestOutput | None) -> int:
     return state.backend.weight_version if stamped is None else int(stamped)
 
 
-def aborted_error(reason: str | None = None) -> ApiError:
-    return ApiError(503, reason or "the request was aborted before it finished", type="aborted")
+def partial_output(out: RequestOutput | None) -> dict[str, Any] | None:
+    """What an aborted request produced before it ended, for its error body: ids and logprobs per sample."""
+    if out is None:
+        return None
+    return {"partial": {"request_id": out.request_id, "prompt_token_ids": list(out.prompt_token_ids),
+                        "choices": [{"index": c.index, "token_ids": list(c.token_ids),
+                                     "logprobs": json_logprobs(c.logprobs), "text": c.text,
+                                     "finish_reason": "abort"} for c in out.outputs]}}
+
+
+def aborted_error(reason: str | None = None, out: RequestOutput | None = None) -> ApiError:
+    return ApiError(503, reason or "the request was aborted before it finished", type="aborted",
+                    extra=partial_output(out))
 
 
 def check_not_aborted(out: RequestOutput, ticket: Ticket | None = None) -> RequestOutput:
-    """An aborted generation (by a client, a pause in mode "abort" or a shutdown) is never answered as a
-    completion."""
+    """An aborted generation (by a client, a pause in mode "abort", /abort_requests or a shutdown) is never
+    answered as a completion; its error carries the partial output."""
     if ticket is not None and ticket.aborted:
-        raise aborted_error(ticket.reason)
+        raise aborted_error(ticket.reason, out)
     if any(c.finish_reason == "abort" for c in out.outputs):
-        raise aborted_error()
+        raise aborted_error(None, out)
     return out
 
 
@@ -51,7 +65,7 @@ class Generation:
     """One engine request: `start()` surfaces prompt/media errors, then `final()` (the whole output) or `stream()`
     (DELTA outputs: only what is new each time; `whole()` assembles everything streamed so far)."""
 
-    def __init__(self, state: ServerState, prompt: PromptInput, params: SamplingParams, request_id: str,
+    def __init__(self, state: ServerState, prompt: PromptInput | VLMRequest, params: SamplingParams, request_id: str,
                  affinity_key: str | None = None, stream: bool = True) -> None:
         self.state = state
         self.request_id = request_id
@@ -96,7 +110,7 @@ class Generation:
 
     def _unless_paused_away(self, out: RequestOutput) -> RequestOutput:
         if self.ticket is not None and self.ticket.aborted:
-            raise aborted_error(self.ticket.reason)
+            raise aborted_error(self.ticket.reason, self.whole())
         return out
 
     async def stream(self) -> AsyncIterator[RequestOutput]:
@@ -204,9 +218,9 @@ class ClosingStreamingResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[union-attr]
 
 
-def sse_error(status: int, message: str, type: str | None = None) -> str:
+def sse_error(status: int, message: str, type: str | None = None, extra: dict[str, Any] | None = None) -> str:
     """An error event in the middle of an SSE stream (the status line is long gone)."""
-    return f"data: {json.dumps(error_body(status, message, type=type))}\n\n"
+    return f"data: {json.dumps(error_body(status, message, type=type, extra=extra))}\n\n"
 
 
 def sse(model: BaseModel) -> str:
@@ -228,7 +242,7 @@ async def sse_events(outputs: AsyncIterator[tuple[int, RequestOutput]],
                 yield text
     except Exception as exc:
         err = from_exception(exc)
-        yield sse_error(err.status, err.message, type=err.type)
+        yield sse_error(err.status, err.message, type=err.type, extra=err.extra)
     finally:
         await close()
     if (text := tail()) is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,8 @@ class VllmSamplingFields(VllmStrict):
     max_repetition_pattern_size: int = Field(default=0, ge=0)
     min_repetition_pattern_size: int = Field(default=0, ge=0)
     repetition_min_count: int = Field(default=0, ge=0)
+    mm_payload: Literal["tensors", "none"] | None = None  # render only: "tensors" carries the pixels inline
+    return_mm_kwargs: bool | None = None  # vLLM's deprecated alias: true is "tensors"
 
 
 class VllmChatFields(VllmStrict):
