@@ -8,7 +8,7 @@ import io
 import numpy as np
 from PIL import Image
 
-VIDEO_FPS = 2  # with the Qwen sampler at 2 fps, every frame of a short clip is taken
+VIDEO_FPS = 2  # at 2 fps both HF's and qwen-vl-utils' frame rules take every frame of a short even-length clip
 
 
 def png_bytes(image: np.ndarray) -> bytes:

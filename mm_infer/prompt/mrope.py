@@ -119,9 +119,8 @@ def get_mrope_positions(
     A maximal run of image (video) pad tokens is one image (video), consumed in order from its grid
     list; its length must be t*h*w/merge^2. Videos use time_interval = tokens_per_second *
     second_per_grid_ts[i] when tokens_per_second is given (Qwen2.5-VL; second_per_grid_ts defaults to 1),
-    else 1 (Qwen2-VL). If vision_start_token_id is given, every run must directly follow that token.
-    frame_runs (Qwen3-VL, timestamps between frames): each temporal patch of a video is its own run, grid (1, h, w).
-    """
+    else 1 (Qwen2-VL). If vision_start_token_id is given, every run must directly follow that token. frame_runs
+    (Qwen3-VL, timestamps between frames): each temporal patch of a video is its own run, grid (1, h, w)."""
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1).cpu()
     types = torch.zeros_like(ids)
     types[ids == image_token_id] = IMAGE
