@@ -143,8 +143,9 @@ def build_app(state: ServerState) -> FastAPI:
         return echo_id(await generate_tokens(state, req, request, req.request_id or ""), response, rid)
 
     @app.post("/v1/responses")
-    async def responses(req: ResponsesRequest, request: Request):
-        return await create_response(state, req, request)
+    async def responses(req: ResponsesRequest, request: Request, response: Response):
+        rid = name_request(request, req, "resp_")
+        return echo_id(await create_response(state, req, request), response, rid)
 
     _add_info_routes(app, state)
     add_admin_routes(app, state)

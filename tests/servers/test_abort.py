@@ -152,3 +152,5 @@ def test_x_request_id_names_the_request(server):
     assert r.status_code == 200 and r.json()["id"] == "chatcmpl-hdr-7" and r.headers["x-request-id"] == "chatcmpl-hdr-7"
     r = _post(server, "/v1/chat/completions", _chat(None, max_tokens=2))
     assert r.headers["x-request-id"] == r.json()["id"]
+    r = _post(server, "/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2, "request_id": "rq"})
+    assert r.status_code == 200 and r.json()["id"] == r.headers["x-request-id"] == "resp_rq"

@@ -187,3 +187,7 @@ def test_render_errors(server) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
     r = _post(server, "/v1/chat/completions/render", {"model": "m", "messages": []})
     assert r.status_code == 400
+    r = _post(server, "/inference/v1/generate", {"token_ids": [5] * 1100})
+    assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
+    r = _post(server, "/inference/v1/generate", {"token_ids": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "token_ids"
