@@ -122,12 +122,14 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request, response: Response):
         rid = name_request(request, req, "chatcmpl-")
-        return echo_id(await create_chat_completion(state, req, request), response, rid)
+        with state.gate.reserved(rid):
+            return echo_id(await create_chat_completion(state, req, request), response, rid)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request, response: Response):
         rid = name_request(request, req, "cmpl-")
-        return echo_id(await create_completion(state, req, request), response, rid)
+        with state.gate.reserved(rid):
+            return echo_id(await create_completion(state, req, request), response, rid)
 
     @app.post("/v1/chat/completions/render")
     async def chat_render(req: ChatCompletionRequest, request: Request):
@@ -140,12 +142,14 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/inference/v1/generate")
     async def generate(req: GenerateRequest, request: Request, response: Response):
         rid = name_request(request, req, "generate-tokens-")
-        return echo_id(await generate_tokens(state, req, request, req.request_id or ""), response, rid)
+        with state.gate.reserved(rid):
+            return echo_id(await generate_tokens(state, req, request, req.request_id or ""), response, rid)
 
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request, response: Response):
         rid = name_request(request, req, "resp_")
-        return echo_id(await create_response(state, req, request), response, rid)
+        with state.gate.reserved(rid):
+            return echo_id(await create_response(state, req, request), response, rid)
 
     _add_info_routes(app, state)
     add_admin_routes(app, state)

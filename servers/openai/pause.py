@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,6 +37,7 @@ class PauseGate:
         self._inflight: dict[str, Ticket] = {}
         self.closed_reason: str | None = None  # set by close(): no request is admitted again
         self.refusing: str | None = None  # set by refuse(): requests get a 503 with it at once (a sleeping engine)
+        self._pending: dict[str, str | None] = {}  # requests named but not admitted yet -> why they were aborted
 
     @property
     def paused(self) -> bool:
@@ -56,6 +57,9 @@ class PauseGate:
         if request_id in self._inflight:
             raise ApiError(400, f"request_id {request_id!r} is already in use by a request in flight",
                            param="request_id")
+        head, _, tail = request_id.rpartition("-")
+        if reason := self._pending.get(request_id) or (self._pending.get(head) if tail.isdigit() else None):
+            raise ApiError(503, reason, type="aborted")  # aborted by id while it was still preparing
         ticket = Ticket(request_id)
         self._inflight[request_id] = ticket
         self._idle.clear()
@@ -99,14 +103,28 @@ class PauseGate:
         await self._abort_inflight(reason)
         return left
 
+    @contextlib.contextmanager
+    def reserved(self, request_id: str) -> Iterator[None]:
+        """Name a request from its route's start, before admit(): an abort by id that arrives while it still
+        prepares (media, template) makes admit() answer 503."""
+        self._pending.setdefault(request_id, None)
+        try:
+            yield
+        finally:
+            self._pending.pop(request_id, None)
+
     def abort_matching(self, matches: Callable[[str], bool], reason: str) -> list[str]:
-        """Abort the in-flight requests whose id `matches` (their errors carry `reason`); their ids. One still
-        preparing its prompt ends at its first output."""
+        """Abort the requests whose id `matches`, in flight or still preparing (their errors carry `reason`);
+        their ids."""
         hit = [t for t in self._inflight.values() if matches(t.request_id)]
         for ticket in hit:
             ticket.aborted, ticket.reason = True, ticket.reason or reason
             self.engine.abort(ticket.request_id)
-        return [t.request_id for t in hit]
+        pending = [rid for rid in self._pending if matches(rid)]
+        for rid in pending:
+            self._pending[rid] = self._pending[rid] or reason
+        ids = [t.request_id for t in hit]
+        return ids + [rid for rid in pending if not any(i == rid or i.startswith(f"{rid}-") for i in ids)]
 
     def refuse(self, reason: str | None) -> None:
         """With a reason, admit() answers 503 with it (requests held by a pause too); None: back to the pause

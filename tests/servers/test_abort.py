@@ -132,6 +132,23 @@ def test_other_requests_go_on_untouched(server, llm, pool):
     assert r.json()["choices"][0]["token_ids"] == _oracle(llm, 40)
 
 
+def test_abort_before_admission_answers_503(server, pool):
+    """A request named before it reached the engine (here: held by a pause) is refused once it gets there."""
+    assert _post(server, "/pause", {"mode": "wait"}).status_code == 200
+    try:
+        held = pool.submit(_post, server, "/v1/chat/completions", _chat("ab-held", max_tokens=4))
+        deadline = time.monotonic() + 30
+        while "chatcmpl-ab-held" not in server.state.gate._pending:
+            assert time.monotonic() < deadline and not held.done()
+            time.sleep(0.01)
+        assert _abort(server, "ab-held") == {"aborted": ["chatcmpl-ab-held"], "not_found": []}
+    finally:
+        assert _post(server, "/resume", {}).status_code == 200
+    r = held.result(timeout=60)
+    assert r.status_code == 503 and "abort_requests" in r.json()["error"]["message"]
+    assert r.headers["x-request-id"] == "chatcmpl-ab-held"
+
+
 def test_unknown_ids_and_bad_bodies(server):
     assert _abort(server, "never-sent", "chatcmpl-never") == {"aborted": [], "not_found": ["never-sent",
                                                                                           "chatcmpl-never"]}
