@@ -18,6 +18,7 @@ from kernels import _triton
 from kernels import fused_patch_embed as _pe
 from kernels import fused_patchify as _pf
 from kernels import paged_decode as _pd
+from kernels import paged_prefill as _pp
 from kernels import patch_merge as _pm
 from kernels import vision_rope as _vr
 from kernels._frames import CLIP, QWEN2_VL, Layout, Normalize, Offsets, PatchGeometry, Sizes, single_item
@@ -33,7 +34,7 @@ ENV = "MM_INFER_KERNELS"
 __all__ = ["CLIP", "QWEN2_VL", "Normalize", "PatchGeometry", "Layout", "Backend", "select_backend", "pack_frames",
            "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
            "patch_embed_rows", "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge",
-           "merge_units", "interpreting", "paged_decode"]
+           "merge_units", "interpreting", "paged_decode", "paged_prefill"]
 
 
 def select_backend(*tensors: torch.Tensor) -> Backend:
@@ -138,3 +139,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if select_backend(q, k_cache, v_cache) == "triton":
         return _pd.paged_decode_triton(q, k_cache, v_cache, tables, lens, block_size)
     return _pd.paged_decode_reference(q, k_cache, v_cache, tables, lens, block_size)
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                  q_starts: torch.Tensor, q_lens: torch.Tensor, ctx_lens: torch.Tensor, block_size: int, max_q: int,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Prefill/extend attention: sequence b's q_lens[b] rows from q_starts[b] of q [N, Hq, D] over its ctx_lens[b]
+    cached keys (causal within the chunk), caches [Hkv, slots, D]; writes those rows of out."""
+    if select_backend(q, k_cache, v_cache) == "triton":
+        return _pp.paged_prefill_triton(q, k_cache, v_cache, tables, q_starts, q_lens, ctx_lens, block_size, max_q,
+                                        out)
+    return _pp.paged_prefill_reference(q, k_cache, v_cache, tables, q_starts, q_lens, ctx_lens, block_size, out)

@@ -71,10 +71,12 @@ def main() -> None:
     old = timed(run(math_per_window), args.repeats)
     loop = timed(run(per_segment_attention), args.repeats)
     varlen = timed(run(varlen_attention), args.repeats)
-    err = float((varlen_attention(q, k, v, bounds).float() - per_segment_attention(q, k, v, bounds).float()).abs().max())
+    diff = varlen_attention(q, k, v, bounds).float() - per_segment_attention(q, k, v, bounds).float()
+    err = float(diff.abs().max())
     print(f"{device} {dtype}: {args.images} images {grid[0]} -> {p} patches, {len(bounds) - 1} windows, "
           f"{args.layers} layers, {args.threads} threads; varlen vs 4-D per-window max |diff| {err:.1e}")
-    print(f"3-D per-window loop (old) {old:.1f} ms, 4-D per-window loop {loop:.1f} ms, varlen_attention {varlen:.1f} ms")
+    print(f"3-D per-window loop (old) {old:.1f} ms, 4-D per-window loop {loop:.1f} ms, "
+          f"varlen_attention {varlen:.1f} ms")
     print(f"varlen_attention vs the old per-window loop: {old / varlen:.2f}x")
 
 

@@ -8,10 +8,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kernels import dispatch as K
 from mm_infer.engine.batch_plan import BatchPlan
 from mm_infer.engine.decode_graphs import DecodeGraphs
 from mm_infer.engine.encoder_cache import EncoderCache
-from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext
+from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext, PrefillTables
 from mm_infer.engine.scheduler import ScheduledChunk
 from mm_infer.models.language import DeepStack
 from mm_infer.models.moe import SparseMoE
@@ -122,13 +123,25 @@ class ModelRunner:
             parts.append(decode_positions(lo, end - lo, req.mrope_delta))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
+    def _block_tables(self, chunks: list[ScheduledChunk], width: int | None = None) -> np.ndarray:
+        """[len(chunks), blocks] int64 block ids covering width tokens (or each chunk's context), padded with 0."""
+        nblk = -(-(width or max(c.end for c in chunks)) // self.block_size)
+        tables = [c.seq.block_table[:nblk] + [0] * (nblk - min(len(c.seq.block_table), nblk)) for c in chunks]
+        return np.asarray(tables, dtype=np.int64)  # [C, nblk]
+
     def _table_slots(self, chunks: list[ScheduledChunk], width: int | None = None) -> np.ndarray:
         """[len(chunks), blocks * block_size] slots of each chunk's first blocks (width tokens, or its context)."""
-        bs = self.block_size
-        nblk = -(-(width or max(c.end for c in chunks)) // bs)
-        tables = [c.seq.block_table[:nblk] + [0] * (nblk - min(len(c.seq.block_table), nblk)) for c in chunks]
-        blocks = np.asarray(tables, dtype=np.int64)  # [C, nblk]
-        return (blocks[:, :, None] * bs + np.arange(bs)).reshape(len(chunks), -1)
+        blocks = self._block_tables(chunks, width)  # [C, nblk]
+        return (blocks[:, :, None] * self.block_size + np.arange(self.block_size)).reshape(len(chunks), -1)
+
+    def _prefill_tables(self, plan: BatchPlan) -> PrefillTables | None:
+        """The paged prefill kernel's metadata, when the KV cache's backend is Triton (else the SDPA loop runs)."""
+        if not plan.spans or K.select_backend(self.kv.k) != "triton":
+            return None
+        tables = self._to_device(self._block_tables(plan.multi).astype(np.int32))  # [C, blocks]
+        meta = np.asarray([[s.q_start, s.q_len, s.ctx_len] for s in plan.spans], dtype=np.int64)  # [C, 3]
+        return PrefillTables(tables, self._to_device(meta[:, 0]), self._to_device(meta[:, 1]),
+                             self._to_device(meta[:, 2]), int(meta[:, 1].max()))
 
     def _decode_groups(self, chunks: list[ScheduledChunk], rows: list[int]) -> list[DecodeGroup]:
         buckets: dict[int, list[int]] = {}
@@ -178,7 +191,7 @@ class ModelRunner:
             pos[:, plan.decode_rows] = torch.tensor(plan.decode_positions, dtype=torch.long)  # same on t, h, w
         groups = self._decode_groups(plan.singles, plan.single_rows)
         attn = PagedAttentionContext(self.kv, self._to_device(self._slot_mapping(plan, ctx_slots)),
-                                     self._to_device(ctx_slots), plan.spans, groups)
+                                     self._to_device(ctx_slots), plan.spans, groups, self._prefill_tables(plan))
         return self._to_device(input_ids), pos.to(self.device, non_blocking=True), attn
 
     def _embed(self, plan: BatchPlan, input_ids: Tensor) -> tuple[Tensor, DeepStack | None]:

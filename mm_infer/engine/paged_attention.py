@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+import kernels.dispatch as K
 from mm_infer.models.attention import causal_attention
 
 # Decode keys are padded to a multiple of this (rounded up to whole blocks): the padded length is a function of
@@ -71,16 +72,29 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor) -> Te
     return out.view(hkv, g, rep, d).transpose(0, 1).reshape(g, hq, d)
 
 
+@dataclass
+class PrefillTables:
+    """Device metadata of the multi-token chunks for the paged prefill kernel (kernels/paged_prefill.py)."""
+
+    tables: Tensor  # [C, blocks] int32 block tables
+    q_starts: Tensor  # [C] long: each chunk's first row in the flat batch
+    q_lens: Tensor  # [C] long
+    ctx_lens: Tensor  # [C] long: keys in the cache, the chunk's own included
+    max_q: int  # the longest chunk (host int: the launch needs no device read)
+
+
 class PagedAttentionContext:
     """Writes this step's K/V to their slots (all sequences first), then attends: single-query sequences in
-    length buckets, longer chunks one sequence at a time with causal SDPA.
+    length buckets, longer chunks one sequence at a time with causal SDPA, or all in one paged prefill kernel
+    launch when `prefill` is given (Triton backends: CUDA, or MM_INFER_KERNELS=triton).
 
     Rows past the real tokens (padding for row-invariant matmuls) get zeros and write nothing.
     """
 
     def __init__(self, cache: KVCache, slot_mapping: Tensor, ctx_slots: Tensor, spans: list[SeqSpan],
-                 groups: list[DecodeGroup]) -> None:
+                 groups: list[DecodeGroup], prefill: PrefillTables | None = None) -> None:
         self.cache = cache
+        self.prefill = prefill
         self.slot_mapping = slot_mapping  # [N_real] long
         self.ctx_slots = ctx_slots  # [sum ctx_len] long, the chunked sequences' context slots back to back
         self.spans = spans
@@ -96,7 +110,11 @@ class PagedAttentionContext:
             keys = k_layer.index_select(1, grp.slots)  # [Hkv, G*Lpad, d]
             values = v_layer.index_select(1, grp.slots)
             out[grp.rows] = decode_attention(q[grp.rows], keys, values, grp.pad)
-        if self.spans:
+        if self.spans and self.prefill is not None:
+            p = self.prefill
+            K.paged_prefill(q, k_layer, v_layer, p.tables, p.q_starts, p.q_lens, p.ctx_lens, self.cache.block_size,
+                            p.max_q, out=out)
+        elif self.spans:
             keys = k_layer.index_select(1, self.ctx_slots).transpose(0, 1)  # [T, Hkv, d]
             values = v_layer.index_select(1, self.ctx_slots).transpose(0, 1)
             for s in self.spans:
