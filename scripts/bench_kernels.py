@@ -150,6 +150,41 @@ def bench_encoder(peak: float | None, depth: int) -> list[Result]:
     }, buf.numel(), peak)
 
 
+def _paged_case(seqs: int, ctx: int, hkv: int, d: int, block: int = 16):
+    """bf16 caches [Hkv, slots, D] with each sequence's blocks shuffled, and int32 block tables [B, ctx/block]."""
+    nblk = seqs * (ctx // block)
+    k, v = (torch.randn(hkv, nblk * block, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    tables = torch.randperm(nblk, device="cuda").view(seqs, ctx // block).to(torch.int32)
+    return k, v, tables
+
+
+def bench_attention(peak: float | None) -> list[Result]:
+    """Paged decode (one query per sequence) and prefill (chunks over cached prefixes), Qwen2.5-7B heads."""
+    from kernels import paged_decode as pd
+    from kernels import paged_prefill as pp
+
+    hq, hkv, d, block = 28, 4, 128, 16
+    seqs, ctx = 64, 2048
+    k, v, tables = _paged_case(seqs, ctx, hkv, d, block)
+    q = torch.randn(seqs, hq, d, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((seqs,), ctx, device="cuda")
+    res = measure("paged_decode", f"B={seqs} ctx={ctx} Hq={hq} Hkv={hkv} bf16", {
+        "triton": partial(pd.paged_decode_triton, q, k, v, tables, lens, block),
+        "torch": partial(pd.paged_decode_reference, q, k, v, tables, lens, block),
+    }, 2 * k.numel() * 2 + 2 * q.numel() * 2, peak)
+    chunks, new, total = 8, 512, 1536  # 512 new tokens each over 1024 cached ones
+    k, v, tables = _paged_case(chunks, total, hkv, d, block)
+    q = torch.randn(chunks * new, hq, d, device="cuda", dtype=torch.bfloat16)
+    starts = torch.arange(chunks, device="cuda") * new
+    q_lens, ctx_lens = (torch.full((chunks,), n, device="cuda") for n in (new, total))
+    flops = 4 * chunks * hq * d * sum(total - new + i + 1 for i in range(new))
+    res += measure("paged_prefill", f"{chunks}x{new} new over {total - new} cached bf16", {
+        "triton": partial(pp.paged_prefill_triton, q, k, v, tables, starts, q_lens, ctx_lens, block, new),
+        "torch": partial(pp.paged_prefill_reference, q, k, v, tables, starts, q_lens, ctx_lens, block),
+    }, 2 * k.numel() * 2 + 2 * q.numel() * 2, peak, flops=flops)
+    return res
+
+
 def report(results: list[Result]) -> float:
     """Print a table and return the geometric-mean torch/triton speedup over all cases."""
     print(f"{'op':<12} {'case':<44} {'impl':<7} {'ms':>9} {'GB/s':>8} {'%peak':>6} {'TFLOP/s':>8}")
@@ -180,6 +215,10 @@ def main() -> int:
     peak = peak_gbps(name, args.peak_gbps)
     print(f"device: {name}, peak {peak or 'unknown'} GB/s")
     results = bench_patchify(peak) + bench_patch_embed(peak) + bench_rope(peak) + bench_patch_merge(peak)
+    try:
+        results += bench_attention(peak)
+    except Exception as e:  # untimed on a GPU until a device run: keep the rest of the bench
+        print(f"attention: skipped ({type(e).__name__}: {e})")
     if args.encoder_depth > 0:
         try:
             results += bench_encoder(peak, args.encoder_depth)
