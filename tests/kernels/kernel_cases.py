@@ -64,3 +64,20 @@ def dispatch_ops() -> dict[str, torch.Tensor]:
             "rows_embed": dispatch.patch_embed_rows(rows, w.flatten(1)),
             "rope": torch.stack(dispatch.vision_rope(q, k, cos, sin)), "merge": dispatch.patch_merge(rows, grid),
             "units": dispatch.merge_units(rows)}
+
+
+def paged_cache(ctx: list[int], hkv: int, d: int, block: int, g: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """Caches [Hkv, slots, D] holding each sequence's ctx keys in shuffled blocks (3 spare), and the block tables
+    padded with block 0 to the widest (paged decode / prefill tests)."""
+    nblk = [-(-c // block) for c in ctx]
+    total = sum(nblk) + 3
+    order = torch.randperm(total, generator=g).tolist()
+    k = torch.randn(hkv, total * block, d, generator=g)
+    v = torch.randn(hkv, total * block, d, generator=g)
+    width = max(nblk)
+    tables, at = [], 0
+    for n in nblk:
+        tables.append(order[at:at + n] + [0] * (width - n))
+        at += n
+    return k, v, tables

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_cases import paged_cache
 
 from kernels import paged_decode as pd
 from mm_infer.models.attention import causal_attention
@@ -14,17 +15,8 @@ BLOCK = 16
 def case(device, lens: list[int], hq: int = 6, hkv: int = 2, d: int = 16, seed: int = 0):
     """Caches with scattered (shuffled) blocks per sequence; block tables padded with block 0."""
     g = torch.Generator().manual_seed(seed)
-    nblk = [-(-n // BLOCK) for n in lens]
-    total = sum(nblk) + 3
-    order = torch.randperm(total, generator=g).tolist()
-    k = torch.randn(hkv, total * BLOCK, d, generator=g)
-    v = torch.randn(hkv, total * BLOCK, d, generator=g)
+    k, v, tables = paged_cache(lens, hkv, d, BLOCK, g)
     q = torch.randn(len(lens), hq, d, generator=g)
-    width = max(nblk)
-    tables, at = [], 0
-    for n in nblk:
-        tables.append(order[at:at + n] + [0] * (width - n))
-        at += n
     put = lambda t: t.to(device)  # noqa: E731
     return put(q), put(k), put(v), put(torch.tensor(tables, dtype=torch.int32)), put(torch.tensor(lens)), tables
 

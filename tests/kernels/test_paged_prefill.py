@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_cases import paged_cache
 
 from kernels import paged_prefill as pp
 
@@ -12,22 +13,11 @@ def case(device, ctx: list[int], new: list[int], hq: int = 6, hkv: int = 2, d: i
          seed: int = 0):
     """Each sequence's ctx keys in shuffled cache blocks; its last `new` positions are the chunk's queries."""
     g = torch.Generator().manual_seed(seed)
-    nblk = [-(-c // block) for c in ctx]
-    total = sum(nblk) + 3
-    order = torch.randperm(total, generator=g).tolist()
-    k = torch.randn(hkv, total * block, d, generator=g)
-    v = torch.randn(hkv, total * block, d, generator=g)
+    k, v, tables = paged_cache(ctx, hkv, d, block, g)
     q = torch.randn(sum(new), hq, d, generator=g)
-    width = max(nblk)
-    tables, at = [], 0
-    for n in nblk:
-        tables.append(order[at:at + n] + [0] * (width - n))
-        at += n
-    cu = [0]
-    for n in new:
-        cu.append(cu[-1] + n)
+    starts = torch.tensor([sum(new[:i]) for i in range(len(new))])
     put = lambda t: t.to(device)  # noqa: E731
-    return (put(q), put(k), put(v), put(torch.tensor(tables, dtype=torch.int32)), put(torch.tensor(cu[:-1])),
+    return (put(q), put(k), put(v), put(torch.tensor(tables, dtype=torch.int32)), put(starts),
             put(torch.tensor(new)), put(torch.tensor(ctx)), tables)
 
 
