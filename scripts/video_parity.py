@@ -32,9 +32,12 @@ GOLDEN = json.loads((REPO / "assets" / "golden" / "qwen2vl-hf-sampling" / "INDEX
 def describe(path: Path) -> dict[str, Any]:
     import av
 
+    from mm_infer.media.sources import read_encoded
+    from mm_infer.media.video import probe
+
+    info = probe(read_encoded(path))
     with av.open(str(path)) as c:
-        stream = c.streams.video[0]
-        return {"codec": stream.codec_context.name, "fps": float(stream.average_rate), "frames": stream.frames}
+        return {"codec": c.streams.video[0].codec_context.name, "fps": info.fps, "frames": info.total_frames}
 
 
 def hf_match(path: Path, model: Path) -> tuple[list[int], str]:
@@ -54,8 +57,8 @@ def hf_match(path: Path, model: Path) -> tuple[list[int], str]:
     return meta.frame_indices, "bit-exact" if same else "DIFFERS"
 
 
-def ask(base: str, path: Path) -> tuple[list[int], list[int], list[float]]:
-    body = {"model": "m", "messages": [{"role": "user", "content": [
+def ask(base: str, path: Path, model: Path) -> tuple[list[int], list[int], list[float]]:
+    body = {"model": str(model), "messages": [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": f"file://{path}"}}, {"type": "text", "text": "What happens?"}]}],
         "max_tokens": 8, "temperature": 0, "logprobs": True, "return_token_ids": True}
     r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600).raise_for_status().json()
@@ -68,8 +71,8 @@ def versus(ours: tuple, theirs: tuple) -> str:
         return "prompt ids differ"
     div = next((i for i, (a, b) in enumerate(zip(ours[1], theirs[1], strict=False)) if a != b), None)
     n = len(ours[1]) if div is None else div
-    d = max((abs(a - b) for a, b in zip(ours[2][:n], theirs[2][:n], strict=True)), default=0.0)
-    return f"{'same ids' if div is None else f'ids differ at {div}'}, max|dlp| {d:.1e}"
+    d = max(abs(a - b) for a, b in zip(ours[2][:max(n, 1)], theirs[2][:max(n, 1)], strict=True))
+    return f"{'same ids' if div is None else f'ids differ at {div}'}, max|dlp| {d:.1e} over {max(n, 1)}"
 
 
 @contextlib.contextmanager
@@ -107,8 +110,8 @@ def main() -> None:
             counts["golden"] += hf != "DIFFERS"
             cells = ["(no peer)", "(no peer)"]
             if vllm is not None:
-                theirs = ask(vllm, path)
-                cells = [versus(ask(ours[rule], path), theirs) for rule in ("hf", "vllm")]
+                theirs = ask(vllm, path, args.model)
+                cells = [versus(ask(ours[rule], path, args.model), theirs) for rule in ("hf", "vllm")]
                 for rule, cell in zip(("hf", "vllm"), cells, strict=True):
                     counts[rule] += cell.startswith("same ids")
             print(f"| {path.name} | {info['codec']} | {info['fps']:.2f} | {info['frames']} | {len(frames)} | {hf} | "
