@@ -37,9 +37,16 @@ vision_rc=${PIPESTATUS[0]}
 timeout -k 2 155 "$PY" scripts/gpu_engine_check.py --budget 125 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
 engine_rc=${PIPESTATUS[0]}
 
-# TRL's init_communicator + update_model_params into our NCCL server (exit 0 with {"skipped": why} on one GPU)
-timeout -k 2 400 "$PY" scripts/trl_nccl_check.py --json "$DEST/trl_nccl.json" 2>&1 | tee "$DEST/trl_nccl.txt"
-trl_rc=${PIPESTATUS[0]}
+# TRL's init_communicator + update_model_params into our NCCL server; one GPU: skipped here at once (NCCL would
+# refuse the trainer and the server as two ranks on one device)
+gpus=$(timeout 10 nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${gpus:-0}" -ge 2 ]; then
+  timeout -k 2 400 "$PY" scripts/trl_nccl_check.py --json "$DEST/trl_nccl.json" 2>&1 | tee "$DEST/trl_nccl.txt"
+  trl_rc=${PIPESTATUS[0]}
+else
+  echo "trl_nccl: skipped: ${gpus:-0} GPU(s); NCCL needs the trainer and the server on different GPUs" | tee "$DEST/trl_nccl.txt"
+  trl_rc=0
+fi
 
 echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc vision rc=$vision_rc engine rc=$engine_rc trl_nccl rc=$trl_rc (logs in $DEST)" | tee "$DEST/summary.txt"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$vision_rc" -eq 0 ] && [ "$engine_rc" -eq 0 ] && [ "$trl_rc" -eq 0 ]

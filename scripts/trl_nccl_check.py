@@ -21,8 +21,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from servers.openai.launch import free_port, wait_healthy  # noqa: E402
-
 SERVED = REPO / "assets" / "models" / "tiny-shapes-vl"
 PUSHED = REPO / "assets" / "models" / "tiny-qwen2-vl"
 PROMPT = "Describe a quiet street."
@@ -56,6 +54,8 @@ def _two_gpus() -> tuple[str, str]:
 
 
 def run_check() -> dict:
+    from servers.openai.launch import free_port, wait_healthy
+
     port = free_port()
     trainer_gpu, server_gpu = _two_gpus()
     server_env = {**os.environ, "CUDA_VISIBLE_DEVICES": server_gpu, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
