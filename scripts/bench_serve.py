@@ -91,7 +91,8 @@ def main() -> None:
         sys.exit(f"bench_serve needs `vllm bench serve` from the peer venv: {SETUP_HINT}")
     peer = peer_available()
     workloads = [w for w in args.workloads.split(",") if w]
-    print("| workload | run | server | output tok/s | mean TTFT ms | mean TPOT ms | failed |\n|---|---|---|---|---|---|---|")
+    print("| workload | run | server | output tok/s | mean TTFT ms | mean TPOT ms | failed |")
+    print("|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {w: [] for w in workloads}
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(our_server(args.model))
