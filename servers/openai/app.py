@@ -109,16 +109,9 @@ def echo_id(result: Any, response: Response, rid: str) -> Any:
     return result
 
 
-def build_app(state: ServerState) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await state.aclose()
-
-    app = FastAPI(title="mm-infer", version=mm_infer.__version__, lifespan=lifespan)
-    app.state.server = state
-    _install_error_handlers(app)
-
+def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
+    """Chat, completions, responses, render and token-in/token-out generate; each request's id is reserved (so
+    /abort_requests finds it) and echoed in X-Request-Id."""
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request, response: Response):
         rid = name_request(request, req, "chatcmpl-")
@@ -151,6 +144,17 @@ def build_app(state: ServerState) -> FastAPI:
         with state.gate.reserved(rid):
             return echo_id(await create_response(state, req, request), response, rid)
 
+
+def build_app(state: ServerState) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await state.aclose()
+
+    app = FastAPI(title="mm-infer", version=mm_infer.__version__, lifespan=lifespan)
+    app.state.server = state
+    _install_error_handlers(app)
+    _add_generation_routes(app, state)
     _add_info_routes(app, state)
     add_admin_routes(app, state)
     add_abort_routes(app, state)

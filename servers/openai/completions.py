@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import Request
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
+from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_sequences, check_text
 from servers.openai.outputs import (
@@ -151,7 +152,10 @@ def _sum(totals: list[Usage]) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=generated, total_tokens=prompt + generated)
 
 
-async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
+async def completion_prompts(state: ServerState, req: CompletionRequest
+                             ) -> tuple[SamplingParams, list[str | list[int]], list[list[int]], list[list[int]]]:
+    """A completion request checked and tokenized: (params, prompts as sent, their full ids, the truncated ids);
+    what the completion and render endpoints both start from."""
     params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
     texts = split_prompts(req)
     check_sequences(len(texts), req.n, state.config.max_sequences_per_request)
@@ -159,7 +163,11 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
                "prompt")
     keep = truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len)
     full = await asyncio.to_thread(prompt_ids, state, req, texts)
-    prompts = [truncate_ids(ids, keep) for ids in full]
+    return params, texts, full, [truncate_ids(ids, keep) for ids in full]
+
+
+async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
+    params, texts, full, prompts = await completion_prompts(state, req)
     echoes = await asyncio.to_thread(echo_texts, state.preparer.tokenizer, texts, full, prompts) if req.echo else None
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())

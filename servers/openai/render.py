@@ -8,13 +8,11 @@ from typing import Any
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
-from servers.openai.admission import check_sequences, check_text
 from servers.openai.chat import chat_request_prompt
-from servers.openai.completions import prompt_ids, split_prompts
+from servers.openai.completions import completion_prompts
 from servers.openai.features import features_of
 from servers.openai.generate_protocol import GenerateRequest, GenerateSampling, from_engine_params
-from servers.openai.prompt_limits import truncate_ids, truncation_length
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, to_sampling_params
+from servers.openai.protocol import ChatCompletionRequest, CompletionRequest
 from servers.openai.replies import ApiError, from_exception
 from servers.openai.state import ServerState
 
@@ -62,16 +60,10 @@ async def render_completion(state: ServerState, req: CompletionRequest, base_id:
     _check(req)
     if req.max_tokens == 0:
         raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
-    params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
-    texts = split_prompts(req)
-    check_sequences(len(texts), req.n, state.config.max_sequences_per_request)
-    check_text(state.preparer.tokenizer, state.backend.max_model_len, (p for p in texts if isinstance(p, str)),
-               "prompt")
-    keep = truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len)
-    full = await asyncio.to_thread(prompt_ids, state, req, texts)
+    params, _, full, prompts = await completion_prompts(state, req)
     out = []
-    for i, ids in enumerate(full):
-        prepared = await _prepare(state, PromptInput(token_ids=truncate_ids(ids, keep), cache_salt=req.cache_salt))
+    for i, ids in enumerate(prompts):
+        prepared = await _prepare(state, PromptInput(token_ids=ids, cache_salt=req.cache_salt))
         rid = f"cmpl-{base_id}" if len(full) == 1 else f"cmpl-{base_id}-{i}"
         out.append(_generate_request(req, rid, prepared, params, False))
     return out
