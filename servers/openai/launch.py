@@ -12,7 +12,7 @@ import uvicorn
 from servers.openai.app import build_app
 from servers.openai.config import ServerConfig
 from servers.openai.shutdown import DrainingServer
-from servers.openai.slow_clients import header_deadline_protocol
+from servers.openai.slow_clients import event_loop, header_deadline_protocol
 from servers.openai.state import ServerState, build_state
 
 
@@ -40,7 +40,7 @@ def wait_healthy(proc: Any, port: int, what: str, timeout_s: float = 180.0) -> N
 def _uvicorn_config(state: ServerState, log_level: str) -> uvicorn.Config:
     cfg = state.config
     return uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
-                          timeout_graceful_shutdown=5, lifespan="on",
+                          timeout_graceful_shutdown=5, lifespan="on", loop=event_loop(),
                           http=header_deadline_protocol(cfg.header_timeout_s))
 
 
