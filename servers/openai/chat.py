@@ -15,6 +15,7 @@ from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_sequences, check_text, message_texts
+from servers.openai.json_out import compact, json_answer, sse
 from servers.openai.messages import parse_messages
 from servers.openai.outputs import (
     Parsed,
@@ -55,7 +56,6 @@ from servers.openai.streaming import (
     Generation,
     indexed,
     output_version,
-    sse,
     sse_events,
     watch,
 )
@@ -164,8 +164,9 @@ class _Sent:
         self.done = False
 
 
-def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutput, sent: _Sent) -> ChatChunkChoice:
-    """A chunk choice from one DELTA output: its new text (through the reasoning/tool parsers when configured)."""
+def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutput, sent: _Sent) -> dict[str, Any]:
+    """A chunk choice from one DELTA output: its new text (through the reasoning/tool parsers when configured), as
+    the None-free dict ChatChunkChoice's SSE encoding would be (built directly: this runs once per token)."""
     final = comp.finish_reason is not None
     parsed = Parsed(comp.text)
     content, reasoning = comp.text, ""
@@ -186,16 +187,15 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
              for i, c in enumerate(_calls(req, parsed))] if final and parsed.tool_calls else None
     sent.done = final
     reasoning = reasoning if req.include_reasoning else ""
-    delta = DeltaMessage(content=content or None, reasoning=reasoning or None, reasoning_content=reasoning or None,
-                         tool_calls=calls)
-    return ChatChunkChoice(index=comp.index, delta=delta, logprobs=logprobs,
-                           finish_reason=_finish(comp, parsed) if final else None,
-                           stop_reason=comp.stop_reason if final else None,
-                           token_ids=list(comp.token_ids) if req.return_token_ids else None)
+    delta = compact(content=content or None, reasoning=reasoning or None, reasoning_content=reasoning or None,
+                    tool_calls=calls)
+    return compact(index=comp.index, delta=delta, logprobs=logprobs, finish_reason=_finish(comp, parsed) if final
+                   else None, stop_reason=comp.stop_reason if final else None,
+                   token_ids=list(comp.token_ids) if req.return_token_ids else None)
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
-                  created: int, media: list[PromptMediaOut]) -> AsyncIterator[str]:
+                  created: int, media: list[PromptMediaOut]) -> AsyncIterator[bytes | str]:
     def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
@@ -209,13 +209,16 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
             prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None,
             prompt_media=media if req.return_token_ids and i == 0 else None, usage=so_far(0)))
 
-    def event(_: int, out: RequestOutput) -> str | None:
+    def event(_: int, out: RequestOutput) -> bytes | None:
         choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
                    if not sent[c.index].done and (c.token_ids or c.text or c.finish_reason)]
-        return sse(ChatCompletionChunk(**head(out), choices=choices, usage=so_far(sum(s.tokens for s in sent)))
-                   ) if choices else None
+        if not choices:
+            return None
+        return sse(compact(id=rid, object="chat.completion.chunk", created=created, model=state.config.model_name,
+                           choices=choices, usage=so_far(sum(s.tokens for s in sent)),
+                           weight_version=output_version(state, out)))
 
-    def tail() -> str | None:
+    def tail() -> bytes | None:
         whole = gen.whole()
         if whole is None or not whole.finished or req.stream_options is None or not req.stream_options.include_usage:
             return None
@@ -258,4 +261,6 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         return ClosingStreamingResponse(_chunks(state, req, gen, rid, created, media),
                                         media_type="text/event-stream")
     out = await gen.final(request.is_disconnected)
-    return chat_response(state, req, out, rid, created, gen.weight_version, media)
+    items = len(out.prompt_token_ids) * (1 + (req.prompt_logprobs or 0)) + sum(
+        len(c.token_ids) for c in out.outputs) * (1 + (req.top_logprobs or 0))
+    return await json_answer(lambda: chat_response(state, req, out, rid, created, gen.weight_version, media), items)

@@ -16,6 +16,7 @@ from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_sequences, check_text
+from servers.openai.json_out import JsonBody
 from servers.openai.outputs import (
     completion_logprobs,
     echo_logprobs,
@@ -194,6 +195,6 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise
     choices = [ch for i, out in enumerate(outs)
                for ch in _choices(state, req, out, i * req.n, echoes[i] if echoes is not None else None)]
-    return CompletionResponse(id=rid, created=created, model=state.config.model_name, choices=choices,
-                              usage=_sum([usage(o) for o in outs]),
-                              weight_version=max(g.weight_version or 0 for g in gens))
+    return JsonBody(CompletionResponse(id=rid, created=created, model=state.config.model_name, choices=choices,
+                                       usage=_sum([usage(o) for o in outs]),
+                                       weight_version=max(g.weight_version or 0 for g in gens)))

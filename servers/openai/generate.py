@@ -23,6 +23,7 @@ from servers.openai.generate_protocol import (
     PlaceholderRangeInfo,
     to_engine_params,
 )
+from servers.openai.json_out import JsonBody
 from servers.openai.outputs import json_logprob, usage
 from servers.openai.replies import ApiError, from_exception
 from servers.openai.state import ServerState
@@ -151,4 +152,4 @@ async def generate_tokens(state: ServerState, req: GenerateRequest, request: Req
         await watch(gen.start(), request.is_disconnected)
         return ClosingStreamingResponse(_chunks(state, req, prepared, gen, rid), media_type="text/event-stream")
     out = await gen.final(request.is_disconnected)
-    return _response(state, req, prepared, out, rid, gen.weight_version)
+    return JsonBody(_response(state, req, prepared, out, rid, gen.weight_version))

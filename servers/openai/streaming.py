@@ -11,13 +11,13 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
 from starlette.types import Send
 
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
+from servers.openai.json_out import sse  # noqa: F401  (re-exported: the endpoints' SSE encoder)
 from servers.openai.outputs import json_logprobs
 from servers.openai.pause import Ticket
 from servers.openai.replies import ApiError, error_body, from_exception
@@ -223,13 +223,10 @@ def sse_error(status: int, message: str, type: str | None = None, extra: dict[st
     return f"data: {json.dumps(error_body(status, message, type=type, extra=extra))}\n\n"
 
 
-def sse(model: BaseModel) -> str:
-    return f"data: {model.model_dump_json(exclude_none=True)}\n\n"
-
-
 async def sse_events(outputs: AsyncIterator[tuple[int, RequestOutput]],
-                     event: Callable[[int, RequestOutput], str | None], close: Callable[[], Awaitable[None]],
-                     tail: Callable[[], str | None]) -> AsyncIterator[str]:
+                     event: Callable[[int, RequestOutput], bytes | str | None],
+                     close: Callable[[], Awaitable[None]],
+                     tail: Callable[[], bytes | str | None]) -> AsyncIterator[bytes | str]:
     """The skeleton every streaming endpoint shares: an event per (index, output); an aborted output or an engine
     failure ends the stream with an error event, not a cut connection; then `tail()` (usage) if any, and [DONE]."""
     try:
