@@ -72,7 +72,7 @@ def versus(ours: tuple, theirs: tuple) -> str:
     div = next((i for i, (a, b) in enumerate(zip(ours[1], theirs[1], strict=False)) if a != b), None)
     n = len(ours[1]) if div is None else div
     d = max(abs(a - b) for a, b in zip(ours[2][:max(n, 1)], theirs[2][:max(n, 1)], strict=True))
-    return f"{'same ids' if div is None else f'ids differ at {div}'}, max|dlp| {d:.1e} over {max(n, 1)}"
+    return f"{'same ids' if div is None else f'ids differ at {div}'}, max Δlogprob {d:.1e} over {max(n, 1)}"
 
 
 @contextlib.contextmanager
