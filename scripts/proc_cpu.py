@@ -36,3 +36,12 @@ def session_of(*args: str) -> int | None:
         if all(a in argv for a in args):
             return os.getsid(int(cmdline.parent.name))
     return None
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU of the main thread of `pid` (a server's event loop), or nan when it is gone."""
+    try:
+        f = _stat_fields(Path(f"/proc/{pid}/task/{pid}/stat").read_text())
+    except (OSError, ValueError):
+        return float("nan")
+    return sum(int(x) for x in f[11:13]) / TICKS

@@ -9,6 +9,7 @@ from mm_infer.engine.outputs import CompletionOutput
 from servers.openai.chat import _delta, _Sent
 from servers.openai.outputs import build_output_parser
 from servers.openai.protocol import ChatCompletionRequest
+from servers.openai.replies import ChatChunkChoice
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 SNAPSHOTS = ["<think>The us", "<think>The user wants</th", "<think>The user wants</think>Let me", "<think>The user "
@@ -26,7 +27,7 @@ def _run(tools: list | None) -> list:
         final = i == len(SNAPSHOTS) - 1
         new = text[len(SNAPSHOTS[i - 1]) if i else 0:]
         comp = CompletionOutput(0, new, [i], [0.0], "stop" if final else None)
-        chunks.append(_delta(state, req, comp, sent))
+        chunks.append(ChatChunkChoice.model_validate(_delta(state, req, comp, sent)))  # a dict: the model's fields
     return chunks
 
 
