@@ -87,7 +87,7 @@ def per_request_costs(pool, req) -> dict[str, float]:
 
     router = Router(8)
     pick_us = _mean_ms(lambda i: router.release(router.pick(f"k{i % 512}", 1), 1), 20000) * 1e3
-    cache, pixels = MediaRefCache(), req.items[0].pixel_values
+    cache, pixels = MediaRefCache(), req.items[0].media
     put_ms = _mean_ms(lambda i: cache._ref(f"fresh-{i}", pixels), 50)
     fresh = images(20)
     prepare_ms = _mean_ms(lambda i: pool.prepare({"messages": [{"role": "user", "content": [

@@ -14,6 +14,7 @@ from mm_infer.engine.decode_graphs import DecodeGraphs
 from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext, PrefillTables
 from mm_infer.engine.scheduler import ScheduledChunk
+from mm_infer.media.packed import PackedTensor
 from mm_infer.models.language import DeepStack
 from mm_infer.models.moe import SparseMoE
 from mm_infer.models.qwen2_vl import QwenVLModel
@@ -98,18 +99,25 @@ class ModelRunner:
             else:
                 found[item.content_hash] = emb
         merge2 = self.model.config.vision.spatial_merge_size ** 2
-        big = [it for it in missing.values() if it.pixel_values.shape[0] // merge2 >= self.min_rows]
+        big = [it for it in missing.values() if it.num_patches // merge2 >= self.min_rows]
         batches = [big] if big else []
-        batches += [[it] for it in missing.values() if it.pixel_values.shape[0] // merge2 < self.min_rows]
+        batches += [[it] for it in missing.values() if it.num_patches // merge2 < self.min_rows]
         for batch in batches:
-            grid = [list(it.grid_thw) for it in batch]  # [M, 3] host ints
-            pixels = torch.cat([it.pixel_values for it in batch]) if len(batch) > 1 else batch[0].pixel_values
-            embs = self.model.encode_vision(pixels, grid)  # [sum tokens, D]
-            for it, emb in zip(batch, embs.split([it.pixel_values.shape[0] // merge2 for it in batch]), strict=True):
+            embs = self._encode(batch)  # [sum tokens, D]
+            for it, emb in zip(batch, embs.split([it.num_patches // merge2 for it in batch]), strict=True):
                 found[it.content_hash] = emb
                 self.encoder_cache.put(it.content_hash, emb)
             self.encoder_calls += len(batch)
         return found
+
+    def _encode(self, batch: list[MediaItem]) -> Tensor:
+        """The vision tower over items: off the CPU their uint8 frames go to the device and become embeddings there
+        (fused Triton patch embed); on the CPU, or for rows-form items, today's float rows and patch-embed matmul."""
+        frames = None if self.device.type == "cpu" else PackedTensor.joint_frame_batch([it.media for it in batch])
+        if frames is not None:
+            return self.model.encode_frames(frames)
+        pixels = torch.cat([it.pixel_values for it in batch]) if len(batch) > 1 else batch[0].pixel_values
+        return self.model.encode_vision(pixels, [list(it.grid_thw) for it in batch])  # [P, width] rows
 
     @staticmethod
     def _positions(req: VLMRequest, start: int, end: int) -> Tensor:

@@ -51,7 +51,7 @@ class MediaProcessor:
         else:
             result = process_video(item, opts, self.limits)
         if key is not None:
-            self.cache.put(key, result, result[0].pixel_values.nbytes)
+            self.cache.put(key, result, result[0].nbytes)
         return result
 
     def submit(self, kind: str, item: MediaInput, **overrides: object) -> Future:

@@ -20,7 +20,7 @@ from mm_infer.media.frame_sampling import (
 from mm_infer.media.image import check_pil_image, open_image, to_rgb
 from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
 from mm_infer.media.packed import PackedTensor
-from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, frames_to_rows
+from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec
 from mm_infer.media.resize import resize_frames_torch, resize_image_pil, smart_resize, smart_resize_clip
 from mm_infer.media.sources import MediaInput, array_digest, is_encoded, options_digest, pil_digest, read_encoded
 from mm_infer.media.video import VideoInfo, check_decode_budget, choose_decoder, probe
@@ -129,15 +129,15 @@ def load_image_rgb(item: MediaInput, opts: ImageOptions, limits: MediaLimits) ->
 
 
 def process_image(item: MediaInput, opts: ImageOptions, limits: MediaLimits = DEFAULT_LIMITS) -> PackedTensor:
-    """One image -> a one-item PackedTensor (grid t = 1)."""
+    """One image -> a one-item PackedTensor of its resized uint8 frame (grid t = 1)."""
     _check_backend(opts.backend)
     image, digest = load_image_rgb(item, opts, limits)
     height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
     size = smart_resize(height, width, opts.spec.factor, opts.min_pixels, opts.max_pixels)
     frames = [image] if opts.backend == "pil" else np.array(image)[None]  # [1, H, W, 3], writable
-    rows, grid = frames_to_rows(_to_pixels(frames, size, opts.backend, opts.spec), opts.backend, opts.spec)
+    pixels = _to_pixels(frames, size, opts.backend, opts.spec)  # [1, 3, h, w] uint8
     key = options_digest(digest, ("image", opts))
-    return PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.ones(1, dtype=torch.long), [key])
+    return PackedTensor.from_frames([pixels], [key], backend=opts.backend, spec=opts.spec)
 
 
 def _frame_list(item: Sequence | np.ndarray) -> np.ndarray:
@@ -232,10 +232,8 @@ def process_video(item: MediaInput, opts: VideoOptions,
         frames, meta, digest = _listed_video(item, opts, limits)
     else:
         raise MediaUnsupportedError(f"unsupported video input of type {type(item).__name__}")
-    rows, grid = frames_to_rows(frames, opts.backend, opts.spec)
     key = options_digest(digest, ("video", opts, meta.decoder))
-    packed = PackedTensor(rows, torch.tensor([grid], dtype=torch.long), torch.tensor([len(frames)]), [key])
-    return packed, meta
+    return PackedTensor.from_frames([frames], [key], backend=opts.backend, spec=opts.spec), meta
 
 
 def check_item_count(n: int, limits: MediaLimits) -> None:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.models.attention import AttentionContext, DenseAttentionContext
 from mm_infer.models.config import ModelConfig
 from mm_infer.models.language import DeepStack, TextModel
@@ -64,6 +65,11 @@ class QwenVLModel(nn.Module):
         if patches != pixel_values.shape[0]:
             raise ValueError(f"grid_thw covers {patches} patches, got {pixel_values.shape[0]}")
         return self.visual(pixel_values.to(self.device, self.dtype), grid)
+
+    def encode_frames(self, frames: FrameBatch) -> Tensor:
+        """uint8 frames (any device) -> encode_vision's output; the frames move to the model's device as uint8 and
+        are patchified, normalised and embedded there in one step (the fused Triton kernel on CUDA)."""
+        return self.visual(frames.to(self.device, non_blocking=True), frames.grids)
 
     def split_vision(self, vision: Tensor) -> tuple[Tensor, Tensor | None]:
         """encode_vision rows [K, (1 + L) * D] -> (embeddings [K, D], DeepStack features [L, K, D] or None)."""

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels import dispatch as K
+from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.models.config import VisionConfig
 from mm_infer.models.layers import activation
 from mm_infer.models.vision_ops import cu_seqlens_from_grid, varlen_attention
@@ -27,8 +28,11 @@ class PatchEmbed(nn.Module):
         self.weight = nn.Parameter(torch.empty(embed_dim, patch_dim))
         self.bias = nn.Parameter(torch.empty(embed_dim)) if bias else None
 
-    def forward(self, pixel_values: Tensor) -> Tensor:  # [P, patch_dim] -> [P, D]
-        x = K.patch_embed_rows(pixel_values, self.weight)
+    def forward(self, pixels: Tensor | FrameBatch) -> Tensor:  # rows [P, patch_dim], or uint8 frames -> [P, D]
+        if isinstance(pixels, FrameBatch):  # fused patchify + normalise + embed (Triton on CUDA)
+            x = pixels.embed(self.weight)  # [P, D]
+        else:
+            x = K.patch_embed_rows(pixels, self.weight)
         return x if self.bias is None else x + self.bias
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from mm_infer.media.packed import PackedTensor
@@ -13,20 +14,47 @@ from mm_infer.prompt.placeholders import PlaceholderRange
 
 @dataclass(frozen=True)
 class MediaItem:
-    """One image or video, ready for the vision encoder."""
+    """One image or video, ready for the vision encoder.
+
+    `media` is a one-item PackedTensor: the resized uint8 frames (what the engine ships to the device) or, given a
+    rows Tensor [t*h*w, C*T*ph*pw], those rows; None while the item travels detached (media_refs.py)."""
 
     modality: str
-    pixel_values: Tensor  # [t*h*w, C*T*ph*pw]
+    media: PackedTensor | Tensor | None
     grid_thw: tuple[int, int, int]
     content_hash: str
     second_per_grid_t: float | None = None
     timestamps: tuple[float, ...] | None = None  # Qwen3-VL videos: seconds of each temporal patch (prompt text)
     frame_indices: tuple[int, ...] | None = None  # videos: the decoded frames used, as the sampler picked them
 
+    def __post_init__(self) -> None:
+        if isinstance(self.media, Tensor):  # rows form, as callers that store rows build it
+            grid = torch.tensor([self.grid_thw], dtype=torch.long)
+            object.__setattr__(self, "media", PackedTensor(self.media, grid, torch.ones(1, dtype=torch.long)))
+
+    @property
+    def pixel_values(self) -> Tensor:
+        """[t*h*w, C*T*ph*pw] float rows, computed from the frames when the item holds frames (empty if detached)."""
+        return torch.empty(0) if self.media is None else self.media.pixel_values
+
+    @property
+    def frames(self) -> tuple[Tensor, ...] | None:
+        """The item's uint8 frames [T, 3, H, W] (one tensor), or None for a rows-form or detached item."""
+        return None if self.media is None else self.media.frames
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the media this item carries (uint8 frames, or rows)."""
+        return 0 if self.media is None else self.media.nbytes
+
+    @property
+    def num_patches(self) -> int:
+        t, h, w = self.grid_thw
+        return t * h * w
+
     def num_tokens(self, merge: int) -> int:
         """Placeholder tokens this item expands to: t*h*w/merge²."""
-        t, h, w = self.grid_thw
-        return t * h * w // merge**2
+        return self.num_patches // merge**2
 
 
 def pixel_hash(packed: PackedTensor) -> str:
@@ -42,7 +70,7 @@ def items_from_packed(modality: str, packed: PackedTensor, seconds: list[float] 
     """One MediaItem per item of a PackedTensor (its upstream content hashes, else a pixel digest)."""
     parts = packed.split()
     hashes = list(packed.content_hashes) if packed.content_hashes else [pixel_hash(p) for p in parts]
-    return [MediaItem(modality, part.pixel_values, tuple(int(x) for x in part.imgs_sizes[0].tolist()),  # type: ignore[arg-type]
+    return [MediaItem(modality, part, tuple(int(x) for x in part.imgs_sizes[0].tolist()),  # type: ignore[arg-type]
                       hashes[k], None if seconds is None else float(seconds[k]),
                       None if timestamps is None else tuple(timestamps[k]),
                       None if frames is None else tuple(frames[k]))
@@ -63,4 +91,4 @@ class VLMRequest:
 
     @property
     def item_patches(self) -> list[int]:
-        return [it.pixel_values.shape[0] for it in self.items]
+        return [it.num_patches for it in self.items]

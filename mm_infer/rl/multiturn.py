@@ -63,9 +63,8 @@ def _packed(items: Sequence[MediaItem], modality: str) -> PackedTensor | None:
     chosen = [it for it in items if it.modality == modality]
     if not chosen:
         return None
-    return PackedTensor(torch.cat([it.pixel_values for it in chosen]), torch.tensor([it.grid_thw for it in chosen]),
-                        torch.tensor([it.grid_thw[0] * (2 if modality == "video" else 1) for it in chosen]),
-                        [it.content_hash for it in chosen])
+    frames = torch.tensor([it.grid_thw[0] * (2 if modality == "video" else 1) for it in chosen])
+    return PackedTensor.concat([it.media for it in chosen]).with_hashes([it.content_hash for it in chosen], frames)
 
 
 def _continuation(first: VLMRequest, ids: list[int], seconds: list[float]) -> dict[str, Any]:

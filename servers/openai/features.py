@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -11,6 +12,8 @@ import numpy as np
 import torch
 
 from mm_infer.media.cache import ByteLRU
+from mm_infer.media.packed import PackedTensor
+from mm_infer.media.patchify import PatchSpec
 from mm_infer.prompt.request import MediaItem, VLMRequest
 from servers.openai.generate_protocol import MODALITIES, MultiModalFeatures, PlaceholderRangeInfo
 from servers.openai.media import media_client_scope
@@ -31,7 +34,7 @@ class FeatureStore:
 
     def put(self, items: Sequence[MediaItem]) -> None:
         for it in items:
-            self._items.put(self._key(it.content_hash), it, int(it.pixel_values.nbytes))
+            self._items.put(self._key(it.content_hash), it, it.nbytes)
 
     def get(self, content_hash: str) -> MediaItem | None:
         return self._items.get(self._key(content_hash))
@@ -40,39 +43,61 @@ class FeatureStore:
         self._items.clear()
 
 
+def _payload(item: MediaItem) -> tuple[torch.Tensor, dict]:
+    """What an item ships inline: its uint8 frames [T, 3, H, W] with how to make rows, else its rows."""
+    media = item.media
+    if media is not None and media.frames is not None:
+        return media.frames[0].detach().cpu().contiguous(), {"form": "frames", "backend": media.backend,
+                                                             "spec": dataclasses.asdict(media.spec)}
+    return item.pixel_values.detach().cpu().contiguous(), {}  # [t*h*w, C*T*ph*pw]
+
+
 def encode_item(item: MediaItem) -> str:
-    """One item inline: a JSON header line (grid, hash, frames, dtype, shape) then its pixel rows' raw bytes."""
-    pv = item.pixel_values.detach().cpu().contiguous()  # [t*h*w, C*T*ph*pw]
+    """One item inline: a JSON header line (grid, hash, frames, dtype, shape, form) then its media's raw bytes."""
+    pv, form = _payload(item)
     raw = (pv.view(torch.int16) if pv.dtype == torch.bfloat16 else pv).numpy().tobytes()
     head = {"modality": item.modality, "grid_thw": list(item.grid_thw), "content_hash": item.content_hash,
             "second_per_grid_t": item.second_per_grid_t, "dtype": str(pv.dtype).removeprefix("torch."),
             "shape": list(pv.shape), "timestamps": None if item.timestamps is None else list(item.timestamps),
-            "frame_indices": None if item.frame_indices is None else list(item.frame_indices)}
+            "frame_indices": None if item.frame_indices is None else list(item.frame_indices), **form}
     return base64.b64encode(json.dumps(head).encode() + b"\n" + raw).decode("ascii")
 
 
+def _media(head: dict, raw: bytes) -> PackedTensor:
+    """The header's media: uint8 frames (form "frames") or, the older payload, float rows [t*h*w, C*T*ph*pw]."""
+    dtype = _DTYPES[head["dtype"]]
+    shape = [int(x) for x in head["shape"]]
+    np_dtype = np.int16 if dtype == torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
+    data = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).copy()).reshape(shape)
+    data = data.view(torch.bfloat16) if dtype == torch.bfloat16 else data
+    if head.get("form") == "frames":
+        spec = head["spec"]
+        spec = PatchSpec(**{**spec, "image_mean": tuple(spec["image_mean"]), "image_std": tuple(spec["image_std"])})
+        return PackedTensor.from_frames([data], backend=head["backend"], spec=spec)
+    rows, _ = shape
+    t, h, w = (int(x) for x in head["grid_thw"])
+    return PackedTensor(data, torch.tensor([[t, h, w]]), torch.ones(1, dtype=torch.long))
+
+
 def decode_item(data: str, modality: str, where: str) -> MediaItem:
-    """An inline item (400 naming `where` if it is malformed); it is keyed by a digest of its own pixels."""
+    """An inline item (400 naming `where` if it is malformed); it is keyed by a digest of its own media."""
     try:
         blob = base64.b64decode(data, validate=True)
         head_bytes, raw = blob.split(b"\n", 1)
         head = json.loads(head_bytes)
-        dtype = _DTYPES[head["dtype"]]
-        rows, cols = (int(x) for x in head["shape"])
         t, h, w = (int(x) for x in head["grid_thw"])
-        np_dtype = np.int16 if dtype == torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
-        pv = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).copy()).reshape(rows, cols)  # [t*h*w, C*T*ph*pw]
+        media = _media(head, raw)
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ApiError(400, f"{where}: kwargs_data is not an item this server encoded ({e})",
                        param="features.kwargs_data") from None
-    if head.get("modality") != modality or rows != t * h * w:
-        raise ApiError(400, f"{where}: inline item is a {head.get('modality')} of {rows} rows for grid {(t, h, w)}",
-                       param="features.kwargs_data")
-    pv = pv.view(torch.bfloat16) if dtype == torch.bfloat16 else pv
+    if head.get("modality") != modality or media.imgs_sizes[0].tolist() != [t, h, w]:
+        raise ApiError(400, f"{where}: inline item is a {head.get('modality')} of grid "
+                       f"{media.imgs_sizes[0].tolist()}, its header says {(t, h, w)}", param="features.kwargs_data")
     digest = hashlib.blake2b(raw, digest_size=16)
-    digest.update(repr((t, h, w, head["dtype"])).encode())
+    form = (head["form"], head["backend"], media.spec) if head.get("form") == "frames" else ()
+    digest.update(repr((t, h, w, head["dtype"], *form)).encode())
     stamps, frames = head.get("timestamps"), head.get("frame_indices")
-    return MediaItem(modality, pv, (t, h, w), f"inline-{digest.hexdigest()}", head.get("second_per_grid_t"),
+    return MediaItem(modality, media, (t, h, w), f"inline-{digest.hexdigest()}", head.get("second_per_grid_t"),
                      None if stamps is None else tuple(float(s) for s in stamps),
                      None if frames is None else tuple(int(f) for f in frames))
 

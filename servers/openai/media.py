@@ -84,7 +84,7 @@ class MediaResolver:
         seconds = None if kind == "image" else [float(metas[0].second_per_grid_ts or 0.0)]
         stamps = None if kind == "image" else self.defaults.timestamps(metas)  # Qwen3-VL's "<t seconds>"
         frames = None if kind == "image" else [list(metas[0].frame_indices)]
-        return items_from_packed(kind, packed, seconds, stamps, frames)[0], int(packed.pixel_values.nbytes)
+        return items_from_packed(kind, packed, seconds, stamps, frames)[0], packed.nbytes
 
     async def _one(self, ref: MediaRef, opts: MediaOptions) -> MediaItem:
         scope = media_client_scope.get()

@@ -36,7 +36,7 @@ def test_detach_ships_each_hash_once_and_attach_restores_the_request(local_ray):
     restored = attach(light, ray.get(refs))
     for got, want in zip(restored.items, first.items, strict=True):
         assert torch.equal(got.pixel_values, want.pixel_values)
-        assert dataclasses.replace(got, pixel_values=want.pixel_values) == want
+        assert dataclasses.replace(got, media=want.media) == want
 
 
 def test_the_cache_is_bounded_by_bytes_and_unhashed_items_are_not_kept(local_ray):
@@ -49,3 +49,22 @@ def test_the_cache_is_bounded_by_bytes_and_unhashed_items_are_not_kept(local_ray
     cache.detach(_request([""]))
     cache.detach(_request([""]))
     assert cache.puts == 6, "items without a content hash are never shared"
+
+
+def test_frames_travel_as_uint8_a_quarter_of_the_rows(local_ray):
+    from pathlib import Path
+
+    from mm_infer.media import preprocess_images
+    from mm_infer.prompt.request import items_from_packed
+
+    image = Path(__file__).resolve().parents[2] / "assets" / "media" / "shapes" / "colour_example.png"
+    items = items_from_packed("image", preprocess_images([image], max_pixels=200704))
+    req = VLMRequest(prompt_token_ids=[1], placeholders=[], items=items,
+                     mrope_positions=torch.zeros(3, 1, dtype=torch.long), mrope_delta=0)
+    cache = MediaRefCache()
+    light, refs = cache.detach(req)
+    (stored,) = ray.get(refs)
+    assert stored[1] == "frames" and stored[0].dtype.name == "uint8"
+    assert stored[0].nbytes * 8 == req.items[0].pixel_values.nbytes  # one picture vs two float32 frames of rows
+    back = attach(light, [stored]).items[0]
+    assert back.frames is not None and torch.equal(back.pixel_values, req.items[0].pixel_values)
