@@ -18,6 +18,8 @@ from servers.openai.config import FetchConfig
 from servers.openai.media_files import read_media_file
 from servers.openai.replies import ApiError
 
+INLINE_DATA_URL_CHARS = 1 << 16  # base64 data URLs up to this long decode on the event loop, longer ones on a thread
+
 
 def _split_http(url: str) -> tuple[SplitResult, str, int]:
     """The URL's parts, host and port, or a 400 naming what is malformed."""
@@ -56,6 +58,8 @@ class MediaFetcher:
     async def fetch(self, url: str) -> bytes:
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
         if scheme == "data":
+            if len(url) <= INLINE_DATA_URL_CHARS:  # small: decoding costs less than the hop to a thread
+                return decode_data_url(url, limits=self._limits)
             return await asyncio.to_thread(decode_data_url, url, limits=self._limits)
         if scheme == "file":
             return await asyncio.to_thread(read_media_file, url, self.roots, self.config.max_bytes)

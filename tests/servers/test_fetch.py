@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
@@ -10,7 +12,8 @@ import pytest
 from local_http import serve_locally
 from server_cases import MEDIA
 
-from mm_infer.media import MediaTooLargeError
+from mm_infer.media import MediaDecodeError, MediaTooLargeError
+from servers.openai import media_fetch
 from servers.openai.config import FetchConfig
 from servers.openai.media import MediaFetcher, is_public_address
 from servers.openai.replies import ApiError
@@ -164,3 +167,20 @@ def test_symlink_out_of_an_allowed_root_is_refused(tmp_path):
     with pytest.raises(ApiError) as e:
         fetch(FetchConfig(allowed_media_paths=(root,)), f"file://{root}/link.bin")
     assert e.value.status == 403
+
+
+@pytest.mark.parametrize("size, on_loop", [(1000, True), (media_fetch.INLINE_DATA_URL_CHARS, False)])
+def test_data_urls_decode_on_the_loop_only_when_small(monkeypatch, size, on_loop):
+    threads: list[int] = []
+    real = media_fetch.decode_data_url
+
+    def decode(url: str, **kw) -> bytes:
+        threads.append(threading.get_ident())
+        return real(url, **kw)
+
+    monkeypatch.setattr(media_fetch, "decode_data_url", decode)
+    payload = bytes(range(256)) * (size // 256)
+    assert fetch(FetchConfig(), "data:image/png;base64," + base64.b64encode(payload).decode()) == payload
+    assert (threads == [threading.get_ident()]) == on_loop  # asyncio.run's loop runs on this thread
+    with pytest.raises(MediaDecodeError, match="invalid base64"):
+        fetch(FetchConfig(), "data:image/png;base64," + "*" * size)
