@@ -156,8 +156,8 @@ def test_answers_carry_reasoning_under_both_names(server):
     req = ChatCompletionRequest(messages=USER)
     msg = chat_response(server.state, req, _output("<think>why</think>answer"), "id", 0).choices[0].message
     assert (msg.reasoning, msg.reasoning_content, msg.content) == ("why", "why", "answer")
-    delta = _delta(server.state, req, _output("<think>why</think>answer").outputs[0], _Sent()).delta
-    assert (delta.reasoning, delta.reasoning_content, delta.content) == ("why", "why", "answer")
+    delta = _delta(server.state, req, _output("<think>why</think>answer").outputs[0], _Sent())["delta"]
+    assert (delta["reasoning"], delta["reasoning_content"], delta["content"]) == ("why", "why", "answer")
     hidden = ChatCompletionRequest(messages=USER, include_reasoning=False)
     msg = chat_response(server.state, hidden, _output("<think>why</think>answer"), "id", 0).choices[0].message
     assert (msg.reasoning, msg.reasoning_content, msg.content) == (None, None, "answer")
