@@ -16,7 +16,7 @@ from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_sequences, check_text
-from servers.openai.json_out import JsonBody
+from servers.openai.json_out import JsonBody, compact
 from servers.openai.outputs import (
     completion_logprobs,
     echo_logprobs,
@@ -103,15 +103,16 @@ def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, bas
 
 
 def _delta(state: ServerState, req: CompletionRequest, out: RequestOutput, c: CompletionOutput, index: int,
-           echo: str | None, at: int) -> CompletionChoice:
-    """A chunk choice from one DELTA output of one sample (the first one echoes the prompt, when asked)."""
-    return CompletionChoice(index=index, text=(echo or "") + c.text, finish_reason=c.finish_reason,
-                            stop_reason=c.stop_reason, logprobs=_logprobs(state, req, out, c, echo, at),
-                            token_ids=list(c.token_ids) if req.return_token_ids else None)
+           echo: str | None, at: int) -> dict[str, Any]:
+    """A chunk choice from one DELTA output of one sample (the first one echoes the prompt, when asked): the
+    None-free dict of CompletionChoice's SSE encoding, built directly (this runs once per token)."""
+    return compact(index=index, text=(echo or "") + c.text, logprobs=_logprobs(state, req, out, c, echo, at),
+                   finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                   token_ids=list(c.token_ids) if req.return_token_ids else None)
 
 
 async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str, created: int,
-                  echoes: list[str] | None) -> AsyncIterator[str]:
+                  echoes: list[str] | None) -> AsyncIterator[bytes | str]:
     def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
@@ -119,7 +120,7 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
     chars: dict[int, int] = {}  # characters each choice has streamed (its next text offset)
     generated = [0] * len(gens)
 
-    def event(i: int, out: RequestOutput) -> str | None:
+    def event(i: int, out: RequestOutput) -> bytes | None:
         choices = []
         generated[i] += sum(len(c.token_ids) for c in out.outputs)
         for c in map(partial(answered, req), out.outputs):
@@ -128,11 +129,14 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
             if echo is None and not (c.token_ids or c.text or c.finish_reason):
                 continue
             choices.append(_delta(state, req, out, c, index, echo, chars.get(index, 0)))
-            chars[index] = chars.get(index, 0) + len(choices[-1].text)
+            chars[index] = chars.get(index, 0) + len(choices[-1]["text"])
+        if not choices:
+            return None
         so_far = running_usage(req.stream_options, len(out.prompt_token_ids))(generated[i])
-        return sse(CompletionResponse(**head(out), choices=choices, usage=so_far)) if choices else None
+        return sse(compact(id=rid, object="text_completion", created=created, model=state.config.model_name,
+                           choices=choices, usage=so_far, weight_version=output_version(state, out)))
 
-    def tail() -> str | None:
+    def tail() -> bytes | None:
         wholes = [g.whole() for g in gens]
         if not all(w is not None and w.finished for w in wholes):
             return None

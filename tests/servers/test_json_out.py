@@ -17,6 +17,8 @@ from servers.openai.replies import (
     ChatCompletionResponse,
     ChatMessageOut,
     ChoiceLogprobs,
+    CompletionLogprobs,
+    CompletionResponse,
     FunctionCall,
     TokenLogprob,
     ToolCallDelta,
@@ -80,3 +82,15 @@ def test_large_answers_are_built_off_the_loop(items, off_loop):
     loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
     assert json.loads(asyncio.run(main()))["choices"][0]["message"]["content"] == "ü"
     assert (where[0] != loop_thread) == off_loop
+
+
+@pytest.mark.parametrize("choice", [
+    compact(index=0, text="hé", finish_reason=None),
+    compact(index=3, text="", logprobs=CompletionLogprobs(tokens=["a", "b"], token_logprobs=[None, -0.5],
+                                                          top_logprobs=[None, {"b": -0.5}], text_offset=[0, 1]),
+            finish_reason="stop", stop_reason=2, token_ids=[4]),
+])
+def test_a_dict_completion_chunk_is_the_bytes_the_model_would_send(choice):
+    event = compact(id="cmpl-1", object="text_completion", created=5, model="m", choices=[choice], weight_version=0)
+    as_model = CompletionResponse.model_validate({**event, "choices": [{"finish_reason": None, **choice}]})
+    assert sse(event) == sse(as_model) and (b"null" in sse(event)) == ("logprobs" in choice)  # list items stay
