@@ -48,15 +48,15 @@ from servers.openai.replies import (
     PromptMediaOut,
     ToolCallDelta,
     ToolCallOut,
+    Usage,
     prompt_media,
 )
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,
     Generation,
-    indexed,
+    generation_events,
     output_version,
-    sse_events,
     watch,
 )
 from servers.openai.structured import request_parser
@@ -218,19 +218,10 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
                            choices=choices, usage=so_far(sum(s.tokens for s in sent)),
                            weight_version=output_version(state, out)))
 
-    def tail() -> bytes | None:
-        whole = gen.whole()
-        if whole is None or not whole.finished or req.stream_options is None or not req.stream_options.include_usage:
-            return None
-        return sse(ChatCompletionChunk(**head(whole), choices=[], usage=usage(whole)))
+    def usage_chunk(total: Usage) -> bytes | str:
+        return sse(ChatCompletionChunk(**head(gen.whole()), choices=[], usage=total))
 
-    stream = gen.stream()
-
-    async def close() -> None:
-        await stream.aclose()
-        await gen.aclose()
-
-    async for text in sse_events(indexed(stream), event, close, tail):
+    async for text in generation_events(gen, event, usage_chunk, req.stream_options):
         yield text
 
 

@@ -25,15 +25,14 @@ from servers.openai.generate_protocol import (
 )
 from servers.openai.json_out import JsonBody
 from servers.openai.outputs import json_logprob, usage
-from servers.openai.replies import ApiError, from_exception
+from servers.openai.replies import ApiError, Usage, from_exception
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,
     Generation,
-    indexed,
+    generation_events,
     output_version,
     sse,
-    sse_events,
     watch,
 )
 
@@ -125,19 +124,10 @@ async def _chunks(state: ServerState, req: GenerateRequest, prepared: VLMRequest
                                     mm_placeholders=_placeholders(req, prepared) if first else None,
                                     weight_version=output_version(state, out)))
 
-    def tail() -> str | None:
-        whole = gen.whole()
-        if whole is None or not whole.finished or req.stream_options is None or not req.stream_options.include_usage:
-            return None
-        return sse(GenerateResponse(request_id=rid, output_mode=req.output_mode, choices=[], usage=usage(whole)))
+    def usage_chunk(total: Usage) -> bytes | str:
+        return sse(GenerateResponse(request_id=rid, output_mode=req.output_mode, choices=[], usage=total))
 
-    stream = gen.stream()
-
-    async def close() -> None:
-        await stream.aclose()
-        await gen.aclose()
-
-    async for text in sse_events(indexed(stream), event, close, tail):
+    async for text in generation_events(gen, event, usage_chunk, req.stream_options):
         yield text
 
 

@@ -18,9 +18,9 @@ from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
 from servers.openai.json_out import sse  # noqa: F401  (re-exported: the endpoints' SSE encoder)
-from servers.openai.outputs import json_logprobs
+from servers.openai.outputs import json_logprobs, usage
 from servers.openai.pause import Ticket
-from servers.openai.replies import ApiError, error_body, from_exception
+from servers.openai.replies import ApiError, Usage, error_body, from_exception
 from servers.openai.state import ServerState
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -251,3 +251,24 @@ async def indexed(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[tuple[
     """One generation's outputs as (0, output), the shape sse_events takes."""
     async for out in outputs:
         yield 0, out
+
+
+async def generation_events(gen: Generation, event: Callable[[int, RequestOutput], bytes | str | None],
+                            usage_chunk: Callable[[Usage], bytes | str], stream_options: Any
+                            ) -> AsyncIterator[bytes | str]:
+    """sse_events over one Generation's stream (closing the stream and the generation), ending with the usage
+    chunk when the request's stream_options ask for it and the generation finished."""
+    stream = gen.stream()
+
+    async def close() -> None:
+        await stream.aclose()
+        await gen.aclose()
+
+    def tail() -> bytes | str | None:
+        whole = gen.whole()
+        if whole is None or not whole.finished or stream_options is None or not stream_options.include_usage:
+            return None
+        return usage_chunk(usage(whole))
+
+    async for text in sse_events(indexed(stream), event, close, tail):
+        yield text
