@@ -111,7 +111,7 @@ def sample_indices(sampler: str, total: int, video_fps: float, *, fps: float = 2
     """Indices into the decoded frames of a video with `total` frames at `video_fps`."""
     if total < 1:
         raise MediaInvalidError("video has 0 frames")
-    if video_fps <= 0 and num_frames is None and sampler != "qwen3":
+    if video_fps <= 0 and num_frames is None:  # probe() refuses such files; frame lists reach here directly
         raise MediaInvalidError("the video reports no frame rate: give num_frames or frame_indices")
     rule = FrameRule(total, video_fps, fps, num_frames, factor, min_frames, max_frames)
     if sampler == "vllm":

@@ -195,7 +195,7 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
-                  created: int, media: list[PromptMediaOut]) -> AsyncIterator[bytes | str]:
+                  created: int, media: list[PromptMediaOut] | None) -> AsyncIterator[bytes | str]:
     def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
@@ -246,7 +246,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gen = Generation(state, prompt, params, rid, req.affinity_key, req.stream)
-    media = prompt_media(prompt.images, prompt.videos)
+    media = prompt_media(prompt.images, prompt.videos) if req.return_token_ids else None  # asked for only
     if req.stream:
         await watch(gen.start(), request.is_disconnected)
         return ClosingStreamingResponse(_chunks(state, req, gen, rid, created, media),
