@@ -170,6 +170,9 @@ def _add_server_flags(srv: argparse.ArgumentParser) -> None:
                      help="accepted (vLLM): with a tool parser, tool_choice 'auto' is always on")
     srv.add_argument("--replicas", type=int, default=None,
                      help="run N engine replicas as Ray actors behind a cache-aware router (default: one in-process)")
+    srv.add_argument("--engine-core", choices=["process", "thread"], default="process",
+                     help="process (default, as vLLM): the engine core schedules, runs and samples in its own "
+                          "process, restarted if it dies; thread: on a thread of the server process")
     srv.add_argument("--ray-address", default=None, help="Ray cluster to join with --replicas (default: a local Ray)")
     srv.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default="info", choices=LOG_LEVELS)
     srv.add_argument("--max-body-bytes", type=int, default=100 * 1024 * 1024)

@@ -1,10 +1,19 @@
 """Scale-out on Ray: engine replicas as actors, a cache-aware router, health checks, and refit fan-out."""
 
-from mm_infer.distributed.batch import generate_batch
-from mm_infer.distributed.errors import ReplicaUnavailableError
-from mm_infer.distributed.pool import ReplicaPool, ensure_ray
-from mm_infer.distributed.router import Router, RouterStats, affinity_key
-from mm_infer.distributed.slots import PoolConfig
+from __future__ import annotations
 
-__all__ = ["PoolConfig", "ReplicaPool", "ReplicaUnavailableError", "Router", "RouterStats", "affinity_key",
-           "ensure_ray", "generate_batch"]
+import importlib
+from typing import Any
+
+_HOMES = {"generate_batch": "batch", "ReplicaUnavailableError": "errors", "ReplicaPool": "pool",
+          "ensure_ray": "pool", "Router": "router", "RouterStats": "router", "affinity_key": "router",
+          "PoolConfig": "slots"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """Ray is imported when the pool is first used, so the Ray-free parts (errors, journal) load without it."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

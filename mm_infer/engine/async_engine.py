@@ -55,7 +55,7 @@ class AsyncEngine:
         if not stream:
             params = params.final_only()
         loop = asyncio.get_running_loop()
-        stream_out = OutputStream(loop)
+        stream_out = OutputStream(loop, params.output_kind)
         req = prompt if isinstance(prompt, VLMRequest) else \
             await loop.run_in_executor(None, self.core.prepare, prompt)  # media work off the event loop
         if params.structured_outputs is not None:  # compile (or fail: a 400) off the step lock; add_request hits it
@@ -67,8 +67,8 @@ class AsyncEngine:
         finished = False
         try:
             while True:
-                item = await stream_out.queue.get()
-                if stream_out.took(self.core.groups.get(rid), self.backpressure):
+                item, released = await stream_out.get(self.core.groups.get(rid), self.backpressure)
+                if released:
                     self._wake.set()
                 if isinstance(item, BaseException):
                     raise item

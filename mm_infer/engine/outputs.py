@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mm_infer.engine.detokenizer import Decode
@@ -10,7 +10,7 @@ from mm_infer.engine.errors import RequestError
 from mm_infer.engine.sampling import RequestOutputKind
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
 
-__all__ = ["CompletionOutput", "RequestMetrics", "RequestOutput", "make_output"]
+__all__ = ["CompletionOutput", "RequestMetrics", "RequestOutput", "make_output", "merge_delta"]
 
 
 @dataclass
@@ -107,6 +107,25 @@ def make_output(group: SequenceGroup, decode: Decode) -> RequestOutput:
         prompt_top_logprobs=list(first.prompt_top_logprobs) if first.params.prompt_logprobs else None,
         prompt_ranks=list(first.prompt_ranks) if scored else None,
         metrics=group.metrics, num_cached_tokens=min(s.num_cached_tokens for s in group.seqs), error=group.error)
+
+
+def merge_delta(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
+    """Two consecutive DELTA outputs of one request as one: each sample's new ids, logprobs, top-k and text
+    joined; the newer output's state (finish reasons, metrics, cached tokens, error)."""
+    mine = {c.index: c for c in older.outputs}
+    outputs = []
+    for c in newer.outputs:
+        o = mine.pop(c.index, None)
+        if o is not None:
+            top = None if c.top_logprobs is None else [*(o.top_logprobs or []), *c.top_logprobs]
+            c = CompletionOutput(c.index, o.text + c.text, [*o.token_ids, *c.token_ids], [*o.logprobs, *c.logprobs],
+                                 c.finish_reason, c.stop_reason, top, c.cumulative_logprob)
+        outputs.append(c)
+    outputs.extend(mine.values())  # samples the newer output does not carry
+    outputs.sort(key=lambda c: c.index)
+    return replace(newer, outputs=outputs, prompt_logprobs=older.prompt_logprobs or newer.prompt_logprobs,
+                   prompt_top_logprobs=older.prompt_top_logprobs or newer.prompt_top_logprobs,
+                   prompt_ranks=older.prompt_ranks or newer.prompt_ranks)
 
 
 class OutputAccumulator:

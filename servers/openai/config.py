@@ -46,6 +46,7 @@ class ServerConfig:
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int | None = None  # None: one engine in this process; N: N Ray actors behind a router
     ray_address: str | None = None  # None: start a local Ray
+    engine_core: str = "thread"  # "thread": the engine steps on a thread here; "process": in its own process
     max_sequences_per_request: int = 256  # prompts x n in one request
     metrics_public: bool = False  # /metrics and /version answer without the API key
     body_timeout_s: float = 30.0  # the whole request body must arrive within this

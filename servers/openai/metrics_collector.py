@@ -35,6 +35,7 @@ COUNTERS: dict[str, str] = {
     "media_cache_misses": "Media items decoded and preprocessed (not in the decoded-media cache).",
     "media_uuid_cache_hits": "Media parts resolved by their uuid from an earlier request.",
     "replica_restarts": "Engine replicas restarted after a failure.",
+    "engine_core_restarts": "Engine core processes restarted after a failure (--engine-core process).",
     "router_spills": "Requests sent away from their pinned replica because it held too many sequences.",
 }
 # vLLM's names for the same readings (labelled model_name), for dashboards and RL loggers written against vLLM.

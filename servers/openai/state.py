@@ -48,8 +48,13 @@ class ServerState:
 
 
 def build_backend(config: ServerConfig) -> EngineBackend:
-    """One engine in this process, or `config.replicas` Ray actors behind a router."""
+    """One engine (stepped on a thread here, or in its own process), or `config.replicas` Ray actors behind a
+    router."""
     options = dict(config.engine_options)
+    if config.replicas is None and config.engine_core == "process":
+        from mm_infer.engine_core import CoreProcessBackend
+
+        return CoreProcessBackend(config.model_dir, options)
     if config.replicas is None:
         return LocalBackend(LLMEngine.from_options(config.model_dir, **options))
     from mm_infer.distributed import PoolConfig, ReplicaPool  # Ray is imported only when asked for

@@ -1,0 +1,285 @@
+"""CoreProcessBackend: the EngineBackend whose engine steps in its own process, restarted (and caught up) if it dies."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from mm_infer.config import EngineConfig
+from mm_infer.distributed.errors import ReplicaUnavailableError
+from mm_infer.distributed.journal import WeightJournal
+from mm_infer.engine.output_streams import OutputStream
+from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
+from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
+from mm_infer.engine.sleep import SleepState
+from mm_infer.engine.weight_receiver import TransferInit, TransferUpdate
+from mm_infer.engine_core import wire
+from mm_infer.engine_core.core_client import CoreClient
+from mm_infer.models.qwen2_vl import QwenVLModel
+from mm_infer.prompt.preparer import PromptPreparer
+from mm_infer.prompt.request import VLMRequest
+from mm_infer.serving import Bucket, Prompt, engine_gauges
+
+log = logging.getLogger(__name__)
+
+
+def restart_delay_s(failed_starts: int) -> float:
+    """Back-off before the next start after `failed_starts` failures in a row (shared with the replica supervisor)."""
+    return 0.0 if failed_starts == 0 else min(2.0 ** failed_starts, 60.0)
+
+
+class _Request:
+    """What the server side keeps of one request: its prompt, accumulated outputs (for CUMULATIVE readers), the
+    prompt logprobs the core sends once, and the shared-memory files of its media."""
+
+    def __init__(self, request: VLMRequest, kind: RequestOutputKind) -> None:
+        self.request = request
+        self.accumulator = OutputAccumulator() if kind is RequestOutputKind.CUMULATIVE else None
+        self.prompt_scores: tuple[Any, Any, Any] | None = None
+        self.files: list[str] = []
+
+    def restore(self, out: RequestOutput) -> RequestOutput:
+        out.prompt, out.prompt_token_ids = self.request.prompt_text, self.request.prompt_token_ids
+        if out.prompt_logprobs is not None:
+            self.prompt_scores = (out.prompt_logprobs, out.prompt_top_logprobs, out.prompt_ranks)
+        elif self.prompt_scores is not None:
+            out.prompt_logprobs, out.prompt_top_logprobs, out.prompt_ranks = self.prompt_scores
+        if self.accumulator is None:
+            return out
+        self.accumulator.add(out)
+        whole = self.accumulator.whole()
+        assert whole is not None
+        return whole
+
+
+class CoreProcessBackend:
+    """Prompts are prepared here (templating and media on this process's threads); the engine core process
+    schedules, runs the model and samples. Refits are journaled so a restarted core catches up to the version."""
+
+    def __init__(self, model_dir: str, options: dict[str, Any], restart: bool = True,
+                 startup_timeout_s: float = 900.0) -> None:
+        self.model_dir, self.options = model_dir, dict(options)
+        config = EngineConfig.from_options(model_dir, **options)
+        self.preparer = PromptPreparer(model_dir, config.media)
+        self.restart, self.startup_timeout_s = restart, startup_timeout_s
+        self.journal = WeightJournal()
+        self.frozen = False
+        self.restarts = 0
+        self.last_failure: str | None = None
+        self._closed = False
+        self._lock = threading.Lock()  # the client swap on restart, the journal, `frozen`
+        self._reference: QwenVLModel | None = None
+        self._ids = itertools.count()
+        self._watch_stop = threading.Event()
+        self.client = CoreClient(model_dir, self.options, self._on_death, startup_timeout_s)
+        self._version = int(self.client.info["weight_version"])
+        self._sleep: SleepState = self.client.info["sleep_state"]
+        self._watcher = threading.Thread(target=self._watch, name="mm-infer-core-watch", daemon=True)
+        self._watcher.start()
+
+    # EngineBackend: facts
+    @property
+    def max_model_len(self) -> int:
+        return int(self.client.info["max_model_len"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.client.info["vocab_size"])
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._closed and self.client.dead is None
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def reference_model(self) -> torch.nn.Module:
+        """The model on the meta device: names and shapes for refit checks, no memory."""
+        if self._reference is None:
+            with torch.device("meta"):
+                self._reference = QwenVLModel(self.preparer.model_config)
+        return self._reference
+
+    @property
+    def pid(self) -> int | None:
+        return self.client.process.pid
+
+    # requests
+    def _check_up(self) -> CoreClient:
+        client = self.client
+        if self._closed:
+            raise ReplicaUnavailableError("the server is shutting down")
+        if client.dead is not None:
+            state = "restarting" if self.restart else "not restarted (restart is off)"
+            raise ReplicaUnavailableError(f"the engine core process is down ({client.dead}); {state}: retry shortly")
+        return client
+
+    async def generate(self, prompt: Prompt, params: SamplingParams | None, request_id: str,
+                       affinity: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
+        """Outputs per params.output_kind (without `stream`, only the final one). A core that dies under the request
+        ends it with ReplicaUnavailableError (503). Closing the iterator aborts the request."""
+        params = params or SamplingParams()
+        if not stream:
+            params = params.final_only()
+        client = self._check_up()
+        loop = asyncio.get_running_loop()
+        req = prompt if isinstance(prompt, VLMRequest) else await loop.run_in_executor(None, self.preparer.prepare,
+                                                                                        prompt)
+        state = _Request(req, params.output_kind)
+        wire_params = replace(params, output_kind=RequestOutputKind.DELTA) if state.accumulator else params
+        out_stream = OutputStream(loop, wire_params.output_kind)
+        hold = client.open(request_id, out_stream)
+        finished = False
+        try:
+            state.files = client.post(("add", request_id, req, wire_params))
+            while True:
+                item, _ = await out_stream.get(hold, client.backpressure)
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield state.restore(item)
+                if finished:
+                    return
+        finally:
+            wire.remove_files(state.files)
+            if not finished:
+                client.close(request_id)
+                if client.dead is None:
+                    try:
+                        client.post(("abort", request_id))
+                    except ReplicaUnavailableError:
+                        pass
+
+    def abort(self, request_id: str) -> None:
+        try:
+            self.client.post(("abort", request_id))
+        except ReplicaUnavailableError:
+            pass
+
+    # calls into the core
+    async def _call(self, method: str, *args: Any) -> Any:
+        return await asyncio.wrap_future(self._check_up().call(method, *args))
+
+    async def set_frozen(self, frozen: bool) -> None:
+        self.frozen = frozen
+        await self._call("set_frozen", frozen)
+
+    async def update_weights(self, bucket: Bucket, version: int) -> None:
+        await self._call("update_weights", bucket, version)
+        self._journal(bucket, version)
+
+    def _journal(self, bucket: Bucket, version: int) -> None:
+        with self._lock:
+            self.journal.commit(self.journal.record(bucket, [name for name, _ in bucket], version))
+        self._version = version
+
+    async def reset_caches(self) -> None:
+        await self._call("reset_caches")
+
+    @property
+    def transfer_world_size(self) -> int:
+        return 1
+
+    async def init_weight_transfer(self, init: TransferInit) -> None:
+        await self._call("init_weight_transfer", init)
+
+    async def receive_weights(self, update: TransferUpdate) -> int:
+        return int(await self._call("receive_weights", update))
+
+    async def commit_weights(self, version: int) -> int:
+        count, staged = await self._call("commit_weights", version, True)
+        self._journal(staged, version)
+        await self._refresh_sleep()
+        return int(count)
+
+    async def discard_weights(self) -> None:
+        await self._call("discard_weights")
+
+    @property
+    def sleep_state(self) -> SleepState:
+        return self._sleep
+
+    async def sleep(self, level: int) -> SleepState:
+        self._sleep = await self._call("sleep", level)
+        return self._sleep
+
+    async def wake_up(self, tags: list[str] | None) -> SleepState:
+        self._sleep = await self._call("wake_up", tags)
+        return self._sleep
+
+    async def _refresh_sleep(self) -> None:
+        self._sleep = await self._call("sleep_state")
+
+    def engine_gauges(self) -> dict[str, float]:
+        stats = self.client.stats
+        if not stats:
+            return {}
+        return {**engine_gauges(stats), "engine_core_restarts": self.restarts}
+
+    # failure and restart
+    def _on_death(self, reason: str) -> None:
+        if self._closed:
+            return
+        self.last_failure = reason
+        log.error("the engine core process died (%s)%s", reason, "; restarting it" if self.restart else "")
+        if self.restart:
+            threading.Thread(target=self._restart_loop, name="mm-infer-core-restart", daemon=True).start()
+
+    def _restart_loop(self) -> None:
+        failed = 0
+        while not self._closed:
+            time.sleep(restart_delay_s(failed))
+            try:
+                self._start_and_catch_up()
+                return
+            except Exception as exc:
+                failed += 1
+                self.last_failure = f"restart failed: {exc}"
+                log.error("engine core restart %d failed: %s", failed, exc)
+
+    def _start_and_catch_up(self) -> None:
+        """A new core at the journal's version and the pause state, swapped in only once it has caught up."""
+        client = CoreClient(self.model_dir, self.options, self._on_death, self.startup_timeout_s)
+        try:
+            with self._lock:
+                entries, frozen = self.journal.since(-1), self.frozen
+            for entry in entries:
+                client.call("update_weights", entry.ref, entry.version).result(self.startup_timeout_s)
+            client.call("set_frozen", frozen).result(60)
+        except BaseException:
+            client.kill()
+            raise
+        if self._closed:
+            client.stop()
+            return
+        self.client = client
+        self.restarts += 1
+        log.warning("the engine core process was restarted (pid %s) at weight version %d", client.process.pid,
+                    self._version)
+
+    def _watch(self) -> None:
+        """Once a second: abort requests whose readers stopped reading (their KV is freed in the core)."""
+        while not self._watch_stop.wait(1.0):
+            try:
+                self.client.abort_stalled()
+            except ReplicaUnavailableError:
+                pass
+
+    def kill_core(self) -> None:
+        """Tests and operators: kill the core process now (SIGKILL), as a crash would."""
+        self.client.kill()
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self._watch_stop.set()
+        self.client.stop()

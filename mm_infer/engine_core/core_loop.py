@@ -1,0 +1,168 @@
+"""The engine core process: one LLMEngine stepped on its main thread, fed and drained over one pipe."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.sleep import sleep, wake_up
+from mm_infer.engine.weight_receiver import WeightReceiver
+from mm_infer.engine_core import wire
+
+STATS_INTERVAL_S = 0.1  # gauges reach the server at most this often while the engine is busy
+
+
+class CoreLoop:
+    """Reads requests, aborts, holds and calls from the server; steps the engine; sends its outputs back. Calls
+    run between steps (so a refit never lands inside one); weight-transfer receives run on a side thread, as they
+    do beside the step lock in one process."""
+
+    def __init__(self, conn: Connection, engine: LLMEngine) -> None:
+        self.conn = conn
+        self.engine = engine
+        self.receiver = WeightReceiver(engine.device)
+        self.frozen = False
+        self.running = True
+        self._send_lock = threading.Lock()
+        self._side = ThreadPoolExecutor(1, thread_name_prefix="mm-infer-core-transfer")
+        self._prompt_sent: set[str] = set()  # requests whose prompt logprobs already went out
+        self._stats_at = 0.0
+        self._calls: dict[str, Callable[..., Any]] = {
+            "update_weights": engine.update_weights, "reset_caches": engine.reset_caches,
+            "set_frozen": self._set_frozen, "sleep": lambda level: sleep(engine, level),
+            "wake_up": lambda tags: wake_up(engine, tags), "sleep_state": lambda: engine.sleep_state,
+            "commit_weights": self._commit_weights, "discard_weights": self.receiver.discard,
+            "stats": self.stats, "raise": self._raise}
+        self._side_calls: dict[str, Callable[..., Any]] = {
+            "init_weight_transfer": self.receiver.join, "receive_weights": self.receiver.receive}
+
+    def send(self, message: Any) -> None:
+        data, _ = wire.dumps(message)
+        with self._send_lock:
+            self.conn.send_bytes(data)
+
+    def describe(self) -> dict[str, Any]:
+        runtime = self.engine.runtime
+        return {"pid": os.getpid(), "max_model_len": runtime.max_model_len, "vocab_size": runtime.vocab_size,
+                "weight_version": self.engine.weight_version, "device": str(self.engine.device),
+                "sleep_state": self.engine.sleep_state}
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.engine.stats(), "weight_version": self.engine.weight_version}
+
+    # messages
+    def handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "add":
+            self._add(*message[1:])
+        elif kind == "abort":
+            self.engine.abort(message[1])
+        elif kind == "hold":
+            group = self.engine.groups.get(message[1])
+            if group is not None:
+                group.held = message[2]
+        elif kind == "call":
+            self._call(*message[1:])
+        elif kind == "stop":
+            self.running = False
+
+    def _add(self, request_id: str, request: Any, params: Any) -> None:
+        try:
+            self.engine.add_request(request_id, request, params)
+        except Exception as exc:  # a 4xx (prompt too long, bad grammar, asleep): that request only
+            self.send(("failed", request_id, wire.portable_error(exc)))
+
+    def _call(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
+        side = self._side_calls.get(method)
+        if side is not None:
+            self._side.submit(self._reply, call_id, side, args)
+        else:
+            self._reply(call_id, self._calls[method], args)
+
+    def _reply(self, call_id: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            self.send(("reply", call_id, True, fn(*args)))
+        except Exception as exc:
+            self.send(("reply", call_id, False, wire.portable_error(exc)))
+
+    def _set_frozen(self, frozen: bool) -> None:
+        self.frozen = frozen  # no step runs while this call does, so none is under way once it returns
+
+    def _commit_weights(self, version: int, keep: bool) -> tuple[int, list[Any] | None]:
+        staged = self.receiver.take()
+        self.engine.update_weights(staged, version)
+        return len(staged), [(name, t.cpu()) for name, t in staged] if keep else None
+
+    @staticmethod
+    def _raise(message: str) -> None:
+        raise RuntimeError(message)  # tests: an engine-side failure reaches the caller as an error
+
+    # the loop
+    def _outputs(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        slim = []
+        for out in outputs:
+            sent = out.request_id in self._prompt_sent
+            slim.append(wire.lighten(out, sent))
+            if out.finished:
+                self._prompt_sent.discard(out.request_id)
+            elif out.prompt_logprobs is not None:
+                self._prompt_sent.add(out.request_id)
+        return slim
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # the engine itself is broken: every open request fails, the loop goes on
+            self.send(("broken", wire.portable_error(exc)))
+            self.engine.abort_many(list(self.engine.groups))  # their abort outputs find no reader: dropped
+            return
+        if outputs:
+            self.send(("out", self._outputs(outputs)))
+        now = time.monotonic()
+        if now - self._stats_at > STATS_INTERVAL_S:
+            self._stats_at = now
+            self.send(("stats", self.stats()))
+
+    def run(self) -> None:
+        """Until told to stop (or the server's end of the pipe closes): drain messages, then step once."""
+        while self.running:
+            busy = self._busy()
+            if not busy:
+                self.send(("stats", self.stats()))  # going idle: the gauges as they settle
+            if self.conn.poll(0 if busy else None):
+                self._drain()
+            if self.running and self._busy():
+                self._step()
+
+    def _busy(self) -> bool:
+        return not self.frozen and self.engine.has_runnable()
+
+    def _drain(self, most: int = 256) -> None:
+        """Handle the messages waiting now (at most `most`: a flood of requests must not starve the step)."""
+        for _ in range(most):
+            if not self.running or not self.conn.poll(0):
+                return
+            self.handle(wire.loads(self.conn.recv_bytes()))
+
+
+def core_main(conn: Connection, model_dir: str, options: dict[str, Any]) -> None:
+    """The core process's entry point: build the engine, say it is ready (or why it is not), serve."""
+    try:
+        engine = LLMEngine.from_options(model_dir, **options)
+    except BaseException as exc:
+        data, _ = wire.dumps(("startup_failed", wire.portable_error(exc)))
+        conn.send_bytes(data)
+        raise SystemExit(1) from None
+    loop = CoreLoop(conn, engine)
+    loop.send(("ready", loop.describe()))
+    try:
+        loop.run()
+    except (EOFError, OSError):  # the server went away
+        pass

@@ -1,0 +1,108 @@
+"""The bytes between the server process and the engine core: pickle 5, tensors inline or in /dev/shm files."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import pickle
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm_infer.engine.outputs import RequestOutput
+
+SHM_MIN_BYTES = 64 << 10  # tensors at least this big (media frames, refit buckets) travel as shared-memory files
+_SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+_names = itertools.count()
+
+
+def _tensor_from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    kind = getattr(torch, dtype)
+    if not data:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(kind).reshape(shape)
+
+
+def _tensor_from_file(path: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
+    """Read a tensor the other side wrote (one copy, into this process's memory), then remove its file."""
+    raw = torch.from_file(path, shared=False, size=nbytes, dtype=torch.uint8)
+    os.unlink(path)
+    return raw.view(getattr(torch, dtype)).reshape(shape)
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """[n] uint8 view of a contiguous CPU copy of t (any dtype, any rank)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles CPU tensors by value: small ones inline, big ones as a file in shared memory (named in `files`)."""
+
+    def __init__(self, buffer: io.BytesIO, files: list[str]) -> None:
+        super().__init__(buffer, protocol=5)
+        self.files = files
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        if obj.device.type != "cpu":
+            raise TypeError(f"only CPU tensors cross to the engine core; got one on {obj.device}")
+        dtype = str(obj.dtype).removeprefix("torch.")
+        shape = tuple(obj.shape)
+        flat = _flat_bytes(obj)
+        if flat.numel() < SHM_MIN_BYTES:
+            return _tensor_from_bytes, (flat.numpy().tobytes(), dtype, shape)
+        path = str(_SHM_DIR / f"mm-infer-core-{os.getpid()}-{next(_names)}")
+        out = torch.from_file(path, shared=True, size=flat.numel(), dtype=torch.uint8)
+        out.copy_(flat)
+        del out  # unmapped; the file stays until the reader takes it
+        self.files.append(path)
+        return _tensor_from_file, (path, dtype, shape, flat.numel())
+
+
+def dumps(message: Any) -> tuple[bytes, list[str]]:
+    """The message's bytes and the shared-memory files it names (remove them if it is never read)."""
+    buffer = io.BytesIO()
+    files: list[str] = []
+    _Pickler(buffer, files).dump(message)
+    return buffer.getvalue(), files
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+def remove_files(files: list[str]) -> None:
+    """Drop shared-memory files a reader did not take (it died, or the request ended first)."""
+    for path in files:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def portable_error(exc: BaseException) -> BaseException:
+    """exc if it survives a pickle round trip with its type and status, else a RuntimeError naming it."""
+    try:
+        back = pickle.loads(pickle.dumps(exc, protocol=5))
+        if type(back) is type(exc) and getattr(back, "status", None) == getattr(exc, "status", None):
+            return exc
+    except Exception:
+        pass
+    plain = RuntimeError(f"{type(exc).__name__}: {exc}")
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        plain.status = status  # type: ignore[attr-defined]
+    return plain
+
+
+def lighten(out: RequestOutput, prompt_sent: bool) -> RequestOutput:
+    """The output without what the server already holds: its prompt ids and text, and prompt logprobs once sent."""
+    slim = replace(out, prompt=None, prompt_token_ids=[])
+    if prompt_sent:
+        slim.prompt_logprobs = slim.prompt_top_logprobs = slim.prompt_ranks = None
+    return slim
