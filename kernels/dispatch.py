@@ -138,7 +138,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """Decode attention q [B, Hq, D] over each sequence's cache blocks (caches [Hkv, slots, D]) -> [B, Hq, D]."""
     if select_backend(q, k_cache, v_cache) == "triton":
         return _pd.paged_decode_triton(q, k_cache, v_cache, tables, lens, block_size)
-    return _pd.paged_decode_reference(q, k_cache, v_cache, tables, lens, block_size)
+    return _pd.paged_decode_sdpa(q, k_cache, v_cache, tables, lens, block_size)
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,

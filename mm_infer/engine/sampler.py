@@ -62,14 +62,15 @@ PROCESSED_NONFINITE = 2
 def _nonfinite_rows(raw_ok: Tensor, processed: Tensor) -> Tensor:
     """[S] long: RAW_NONFINITE where the model's logits had NaN/inf, PROCESSED_NONFINITE where only the processed
     ones broke (NaN, +inf, or every token masked). Such a row's token would be garbage: the engine fails it."""
-    broken = processed.isnan().any(-1) | processed.isposinf().any(-1) | processed.isneginf().all(-1)  # [S]
+    broken = processed.amax(-1).isfinite().logical_not()  # [S]: amax is NaN with any NaN, +inf with any, -inf with all
     return torch.where(raw_ok, broken.long() * PROCESSED_NONFINITE, RAW_NONFINITE)
 
 
 def _draw(processed: Tensor, batch: SamplingBatch) -> Tensor:
     """Inverse-CDF draw per sampled row from its (seed, step) uniform: [R] token ids."""
     rows = batch.sampled_rows
-    cdf = torch.cumsum(processed[batch.index(rows)].exp(), dim=-1)  # [R, V], row-wise scan
+    picked = processed if len(rows) == processed.shape[0] else processed[batch.index(rows)]  # [R, V]
+    cdf = torch.cumsum(picked.exp(), dim=-1)  # [R, V], row-wise scan
     u = uniforms(*batch.seeds_and_steps(rows))  # [R]
     target = (1.0 - u)[:, None] * cdf[:, -1:]  # in (0, total]
     return torch.searchsorted(cdf, target)[:, 0].clamp_(max=cdf.shape[1] - 1)
@@ -108,15 +109,18 @@ class Sampler:
     def sample(self, logits: Tensor, seqs: list[Sequence]) -> SampledTokens:
         """logits [S, V] float32, one row per sequence (consumed: processed in place). Nothing is read back."""
         batch = SamplingBatch.build(seqs, logits.device)
-        raw_ok = logits.isfinite().all(-1)  # [S]
+        raw_ok = torch.isfinite(logits.sum(-1))  # [S]: a NaN or an inf anywhere in the row makes its sum one
         raw = torch.log_softmax(logits, dim=-1)  # [S, V]
         x = self.process(logits, batch)
         nonfinite = _nonfinite_rows(raw_ok, x)
         need_processed = bool(batch.sampled_rows or batch.processed_rows)
         processed = torch.log_softmax(x, dim=-1) if need_processed else raw  # [S, V]
-        tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
-        if batch.sampled_rows:
-            tokens[batch.index(batch.sampled_rows)] = _draw(processed, batch)
+        if len(batch.sampled_rows) == x.shape[0]:  # every row draws: no greedy argmax to keep
+            tokens = _draw(processed, batch)  # [S]
+        else:
+            tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
+            if batch.sampled_rows:
+                tokens[batch.index(batch.sampled_rows)] = _draw(processed, batch)
         source = _logprob_source(raw, processed, batch)
         picked = source.gather(1, tokens[:, None])[:, 0]  # [S]
         top_values, top_ids = torch.topk(source, batch.max_top_logprobs, dim=-1)  # [S, K]

@@ -91,7 +91,7 @@ class CoreClient:
     # to the core
     def post(self, message: tuple[Any, ...]) -> list[str]:
         """Send one message; the shared-memory files it wrote (the core removes them when it reads them)."""
-        data, files = wire.dumps(message)
+        data, files = wire.dumps(message, tensors=message[0] in ("add", "call"))
         try:
             with self._send_lock:
                 self._conn.send_bytes(data)

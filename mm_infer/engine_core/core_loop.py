@@ -43,8 +43,8 @@ class CoreLoop:
         self._side_calls: dict[str, Callable[..., Any]] = {
             "init_weight_transfer": self.receiver.join, "receive_weights": self.receiver.receive}
 
-    def send(self, message: Any) -> None:
-        data, _ = wire.dumps(message)
+    def send(self, message: Any, tensors: bool = False) -> None:
+        data, _ = wire.dumps(message, tensors)
         with self._send_lock:
             self.conn.send_bytes(data)
 
@@ -88,7 +88,7 @@ class CoreLoop:
 
     def _reply(self, call_id: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
-            self.send(("reply", call_id, True, fn(*args)))
+            self.send(("reply", call_id, True, fn(*args)), tensors=True)  # commit_weights returns tensors
         except Exception as exc:
             self.send(("reply", call_id, False, wire.portable_error(exc)))
 

@@ -64,8 +64,11 @@ class _Pickler(pickle.Pickler):
         return _tensor_from_file, (path, dtype, shape, flat.numel())
 
 
-def dumps(message: Any) -> tuple[bytes, list[str]]:
-    """The message's bytes and the shared-memory files it names (remove them if it is never read)."""
+def dumps(message: Any, tensors: bool = True) -> tuple[bytes, list[str]]:
+    """The message's bytes and the shared-memory files it names (remove them if it is never read). Without
+    `tensors` (outputs, gauges) it is plain pickle 5, with no per-object hook."""
+    if not tensors:
+        return pickle.dumps(message, protocol=5), []
     buffer = io.BytesIO()
     files: list[str] = []
     _Pickler(buffer, files).dump(message)

@@ -1,0 +1,56 @@
+"""The core's wire format: tensors by value (small inline, big in /dev/shm files), errors that keep their status."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mm_infer.engine_core import wire
+from mm_infer.prompt.placeholders import PromptError
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bfloat16, torch.int64])
+def test_tensors_round_trip_bit_for_bit_small_inline_big_in_shared_memory(dtype):
+    small = torch.arange(12).reshape(3, 4).to(dtype)
+    big = (torch.arange(wire.SHM_MIN_BYTES) % 251).reshape(-1, 64).to(dtype)  # >= SHM_MIN_BYTES in every dtype
+    data, files = wire.dumps(("add", {"small": small, "big": big.t(), "empty": torch.empty(0, 3, dtype=dtype)}))
+    assert len(files) == 1 and os.path.exists(files[0])  # only the big one went to a file
+    _, got = wire.loads(data)
+    assert not os.path.exists(files[0])  # the reader took it
+    assert torch.equal(got["small"], small) and torch.equal(got["big"], big.t()) and got["empty"].shape == (0, 3)
+    assert got["big"].dtype == dtype
+
+
+def test_plain_messages_need_no_tensor_hook():
+    data, files = wire.dumps(("out", [1, 2, 3]), tensors=False)
+    assert files == [] and wire.loads(data) == ("out", [1, 2, 3])
+
+
+def test_unread_files_can_be_removed():
+    _, files = wire.dumps(torch.zeros(wire.SHM_MIN_BYTES, dtype=torch.uint8))
+    wire.remove_files(files)
+    wire.remove_files(files)  # twice is fine
+    assert not any(os.path.exists(f) for f in files)
+
+
+def test_errors_keep_their_type_and_status_or_become_a_plain_error_with_it():
+    err = wire.portable_error(PromptError("too long", param="messages"))
+    assert isinstance(err, PromptError) and err.status == 400
+
+    class Odd(Exception):
+        status = 422
+
+        def __init__(self, a: int, b: int) -> None:  # not rebuildable from its args
+            super().__init__(f"{a}+{b}")
+
+    plain = wire.portable_error(Odd(1, 2))
+    assert type(plain) is RuntimeError and plain.status == 422 and "Odd: 1+2" in str(plain)
+
+
+def test_cuda_tensors_are_refused():
+    with torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True):
+        t = torch.empty(4, device="cuda")
+    with pytest.raises(TypeError, match="only CPU tensors"):
+        wire.dumps(("add", t))
