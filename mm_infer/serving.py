@@ -69,6 +69,15 @@ class EngineBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
+def meta_reference(preparer: PromptPreparer) -> torch.nn.Module:
+    """The checkpoint's model on the meta device: the names and shapes a refit is checked against, no memory
+    (for backends whose engines live in other processes)."""
+    from mm_infer.models.qwen2_vl import QwenVLModel
+
+    with torch.device("meta"):
+        return QwenVLModel(preparer.model_config)
+
+
 def engine_gauges(stats: Mapping[str, float]) -> dict[str, float]:
     """An engine's stats() under the gauge names the server exports."""
     return {"num_requests_waiting": stats["num_waiting"], "num_sequences_running": stats["num_running"],

@@ -44,13 +44,14 @@ WORKLOADS = {
 
 
 @contextlib.contextmanager
-def our_server(model: Path, engine_core: str = "process") -> object:
-    """`mm-infer serve` in its own process (as users run it), on a free port."""
+def our_server(model: Path, engine_core: str = "process", threads: int | None = None) -> object:
+    """`mm-infer serve` in its own process (as users run it), on a free port; `threads`: its OMP_NUM_THREADS."""
     port = _free_port()
     cmd = [str(REPO / ".venv" / "bin" / "mm-infer"), "serve", str(model), "--port", str(port), "--served-model-name",
            NAME, "--log-level", "warning", "--max-model-len", "4096", "--num-kv-blocks", "2048",
            "--engine-core", engine_core]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -97,6 +98,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="mm,video,text")
     ap.add_argument("--engine-core", choices=["process", "thread"], default="process",
                     help="our server's --engine-core (process: the default)")
+    ap.add_argument("--ours-threads", type=int, default=None, help="OMP_NUM_THREADS for our server (default: unset)")
     args = ap.parse_args()
     if not (VENV / "bin" / "python").exists():
         sys.exit(f"bench_serve needs `vllm bench serve` from the peer venv: {SETUP_HINT}")
@@ -107,7 +109,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {w: [] for w in workloads}
     with contextlib.ExitStack() as stack:
-        ours = stack.enter_context(our_server(args.model, args.engine_core))
+        ours = stack.enter_context(our_server(args.model, args.engine_core, args.ours_threads))
         peer_base = stack.enter_context(vllm_peer(args.model, "--served-model-name", NAME, "--max-num-seqs", "32",
                                                   max_model_len=4096)) if peer else None
         theirs = (peer_base, session_of("--port", peer_base.rsplit(":", 1)[1])) if peer_base else None

@@ -23,11 +23,10 @@ from mm_infer.distributed.supervisor import Supervisor
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.sleep import SleepState
-from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import Bucket, DeltaTracker, engine_gauges, wants_deltas
+from mm_infer.serving import Bucket, DeltaTracker, engine_gauges, meta_reference, wants_deltas
 
 
 def ensure_ray(config: PoolConfig) -> bool:
@@ -65,7 +64,7 @@ class ReplicaPool(PoolRL):
         self.supervisor = Supervisor(config, self.router)
         self._version = engine_config.weight_version
         self._inflight: dict[str, tuple[int, Any]] = {}  # request id -> (replica index, actor handle)
-        self._reference: QwenVLModel | None = None
+        self._reference: torch.nn.Module | None = None
         self.media = MediaRefCache(config.media_cache_bytes)
         self._closed = False
         self._round_names: list[str] = []  # names of the weight-transfer round staged on the replicas
@@ -96,8 +95,7 @@ class ReplicaPool(PoolRL):
     def reference_model(self) -> torch.nn.Module:
         """The model on the meta device: names and shapes for refit checks, no memory."""
         if self._reference is None:
-            with torch.device("meta"):
-                self._reference = QwenVLModel(self.preparer.model_config)
+            self._reference = meta_reference(self.preparer)
         return self._reference
 
     def prepare(self, prompt: str | Mapping[str, Any] | PromptInput) -> VLMRequest:

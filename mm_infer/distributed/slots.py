@@ -51,3 +51,9 @@ class ReplicaSlot:
     last_failure: str | None = None
     failed_starts: int = 0  # consecutive restarts that failed: the next waits 2**failed_starts s (max 60)
     retry_at: float = 0.0  # time.monotonic() before which no restart is tried
+
+
+def restart_delay_s(failed_starts: int) -> float:
+    """Back-off before the next start after `failed_starts` failed starts in a row: 0, then 2, 4, ... 60 s (replica
+    restarts and engine-core restarts alike)."""
+    return 0.0 if failed_starts == 0 else min(2.0 ** failed_starts, 60.0)

@@ -15,7 +15,7 @@ from mm_infer.distributed.errors import describe_failure
 from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.replica import EngineReplica
 from mm_infer.distributed.router import Router
-from mm_infer.distributed.slots import PoolConfig, ReplicaSlot
+from mm_infer.distributed.slots import PoolConfig, ReplicaSlot, restart_delay_s
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Supervisor:
             return
         except RayError as exc:  # could not start (yet): stay down, retry with exponential backoff (max 60 s)
             slot.failed_starts += 1
-            slot.retry_at = time.monotonic() + min(2.0 ** slot.failed_starts, 60.0)
+            slot.retry_at = time.monotonic() + restart_delay_s(slot.failed_starts)
             self.mark_down(slot.index, slot.incarnation, f"restart failed: {describe_failure(exc)}")
         except Exception:
             log.exception("replica %d: restart failed", slot.index)

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.geometry import PatchGeometry
 from mm_infer.config import EngineConfig
+from mm_infer.media.frame_batch import FrameBatch
+from mm_infer.media.patchify import DEFAULT_SPEC
 from mm_infer.models.attention import DenseAttentionContext
 from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.sizes import format_size
@@ -37,6 +40,13 @@ def _vision_grid(patches: int, merge: int) -> list[list[int]]:
     return [[1, side, side]]
 
 
+def _profile_frames(grid: list[list[int]], patch: int, temporal: int, merge: int) -> FrameBatch:
+    """Black uint8 frames [temporal, 3, h * patch, w * patch] of the profile grid, on the host (moved by the model)."""
+    _, h, w = grid[0]
+    frames = torch.zeros(temporal, 3, h * patch, w * patch, dtype=torch.uint8)
+    return FrameBatch.pack([frames], DEFAULT_SPEC.normalizer("torchvision"), PatchGeometry(patch, temporal, merge))
+
+
 @torch.inference_mode()
 def profile_step(model: QwenVLModel, config: EngineConfig) -> None:
     """The largest step the scheduler allows: a full vision budget, a full token budget and the sampler's
@@ -44,8 +54,11 @@ def profile_step(model: QwenVLModel, config: EngineConfig) -> None:
     sched, device = config.scheduler, model.device
     vis = model.config.vision
     grid = _vision_grid(sched.max_encoder_tokens_per_step, vis.spatial_merge_size)
-    pixels = torch.zeros(grid[0][1] * grid[0][2], vis.patch_dim, dtype=model.dtype, device=device)
-    model.encode_vision(pixels, grid)
+    if device.type == "cpu":  # the CPU embeds float rows, as the model runner does there
+        pixels = torch.zeros(grid[0][1] * grid[0][2], vis.patch_dim, dtype=model.dtype, device=device)
+        model.encode_vision(pixels, grid)
+    else:  # a device takes uint8 frames and patchifies them itself (the runner's path off the CPU)
+        model.encode_frames(_profile_frames(grid, vis.patch_size, vis.temporal_patch_size, vis.spatial_merge_size))
     tokens = min(sched.max_num_batched_tokens, sched.max_model_len or sched.max_num_batched_tokens)
     ids = torch.zeros(tokens, dtype=torch.long, device=device)
     positions = torch.arange(tokens, device=device).expand(3, -1)

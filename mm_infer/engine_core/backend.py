@@ -16,6 +16,7 @@ import torch
 from mm_infer.config import EngineConfig
 from mm_infer.distributed.errors import ReplicaUnavailableError
 from mm_infer.distributed.journal import WeightJournal
+from mm_infer.distributed.slots import restart_delay_s
 from mm_infer.engine.output_streams import OutputStream
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
@@ -23,17 +24,11 @@ from mm_infer.engine.sleep import SleepState
 from mm_infer.engine.weight_receiver import TransferInit, TransferUpdate
 from mm_infer.engine_core import wire
 from mm_infer.engine_core.core_client import CoreClient
-from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import Bucket, Prompt, engine_gauges
+from mm_infer.serving import Bucket, Prompt, engine_gauges, meta_reference
 
 log = logging.getLogger(__name__)
-
-
-def restart_delay_s(failed_starts: int) -> float:
-    """Back-off before the next start after `failed_starts` failures in a row (shared with the replica supervisor)."""
-    return 0.0 if failed_starts == 0 else min(2.0 ** failed_starts, 60.0)
 
 
 class _Request:
@@ -76,7 +71,7 @@ class CoreProcessBackend:
         self.last_failure: str | None = None
         self._closed = False
         self._lock = threading.Lock()  # the client swap on restart, the journal, `frozen`
-        self._reference: QwenVLModel | None = None
+        self._reference: torch.nn.Module | None = None
         self._ids = itertools.count()
         self._watch_stop = threading.Event()
         self.client = CoreClient(model_dir, self.options, self._on_death, startup_timeout_s)
@@ -106,8 +101,7 @@ class CoreProcessBackend:
     def reference_model(self) -> torch.nn.Module:
         """The model on the meta device: names and shapes for refit checks, no memory."""
         if self._reference is None:
-            with torch.device("meta"):
-                self._reference = QwenVLModel(self.preparer.model_config)
+            self._reference = meta_reference(self.preparer)
         return self._reference
 
     @property

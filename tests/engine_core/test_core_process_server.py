@@ -11,8 +11,7 @@ import pytest
 from test_core_process import CKPT, IMAGE, OPTIONS, wait_up
 
 from mm_infer.engine_core import CoreProcessBackend
-from servers.cli import server_config
-from servers.cli import build_parser
+from servers.cli import build_parser, server_config
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
 

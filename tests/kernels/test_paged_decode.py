@@ -39,6 +39,15 @@ def test_reference_equals_dense_attention(lens):
 
 
 @pytest.mark.parametrize("lens, hq, hkv, d", [([5, 16, 17, 40], 6, 2, 16), ([3, 70], 7, 1, 24), ([1, 2], 4, 4, 8)])
+def test_the_sdpa_path_equals_the_reference(lens, hq, hkv, d):
+    # catches: the mask's sense (keep vs pad), GQA grouping in SDPA (enable_gqa), the [B, Hkv, W, D] transpose
+    q, k, v, tables, lengths, raw = case("cpu", lens, hq, hkv, d)
+    got = pd.paged_decode_sdpa(q, k, v, tables, lengths, BLOCK)
+    torch.testing.assert_close(got, pd.paged_decode_reference(q, k, v, tables, lengths, BLOCK), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(got, dense(q, k, v, raw, lengths), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lens, hq, hkv, d", [([5, 16, 17, 40], 6, 2, 16), ([3, 70], 7, 1, 24), ([1, 2], 4, 4, 8)])
 def test_triton_equals_the_reference(device, lens, hq, hkv, d):
     # catches: the online-softmax rescale, the length loop bound, padded GQA groups / head dims in the kernel
     q, k, v, tables, lengths, _ = case(device, lens, hq, hkv, d)
