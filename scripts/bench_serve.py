@@ -50,7 +50,8 @@ def our_server(model: Path, engine_core: str = "process", threads: int | None = 
     cmd = [str(REPO / ".venv" / "bin" / "mm-infer"), "serve", str(model), "--port", str(port), "--served-model-name",
            NAME, "--log-level", "warning", "--max-model-len", "4096", "--num-kv-blocks", "2048",
            "--engine-core", engine_core]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {}),
+           **dict(kv.split("=", 1) for kv in os.environ.get("BENCH_OURS_ENV", "").split() if "=" in kv)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -49,6 +51,29 @@ class RemoteHold:
         self._client.post(("hold", self._rid, value))
 
 
+def core_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The engine options the core runs with: unless told, one core of this machine is left to the server process
+    (as vLLM's CPU build keeps one for its front end), so torch's intra-op threads are all but one."""
+    if options.get("cpu_threads"):
+        return options
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {**options, "cpu_threads": max(1, cores - 1)}
+
+
+@contextlib.contextmanager
+def core_environment() -> Iterator[None]:
+    """The environment the spawned core inherits: OpenMP workers that sleep when idle (OMP_WAIT_POLICY=PASSIVE,
+    unless set), since spinning ones take the CPU the server process streams with."""
+    added = "OMP_WAIT_POLICY" not in os.environ
+    if added:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        yield
+    finally:
+        if added:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+
+
 class CoreClient:
     """Starts the process (spawned: no CUDA state is forked) and waits for its engine. `on_death(reason)` runs once,
     on the reader thread, when the pipe breaks; every open stream and call has failed with a 503 by then."""
@@ -57,9 +82,10 @@ class CoreClient:
                  startup_timeout_s: float = 900.0, backpressure: Backpressure | None = None) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=core_main, args=(child, model_dir, options), name="mm-infer-engine-core",
-                                   daemon=True)
-        self.process.start()
+        self.process = ctx.Process(target=core_main, args=(child, model_dir, core_options(options)),
+                                   name="mm-infer-engine-core", daemon=True)
+        with core_environment():
+            self.process.start()
         child.close()
         self.backpressure = backpressure or Backpressure()
         self.streams: dict[str, tuple[OutputStream, RemoteHold]] = {}

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sleep import sleep, wake_up
@@ -52,7 +54,8 @@ class CoreLoop:
         runtime = self.engine.runtime
         return {"pid": os.getpid(), "max_model_len": runtime.max_model_len, "vocab_size": runtime.vocab_size,
                 "weight_version": self.engine.weight_version, "device": str(self.engine.device),
-                "sleep_state": self.engine.sleep_state}
+                "sleep_state": self.engine.sleep_state, "cpu_threads": torch.get_num_threads(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
     def stats(self) -> dict[str, Any]:
         return {**self.engine.stats(), "weight_version": self.engine.weight_version}

@@ -16,8 +16,10 @@ from mm_infer import LLM, SamplingParams
 from mm_infer.distributed.errors import ReplicaUnavailableError
 from mm_infer.engine.sampling import RequestOutputKind
 from mm_infer.engine_core import CoreProcessBackend
+from mm_infer.engine_core.core_client import core_options
 from mm_infer.prompt.placeholders import PromptError
 
+ORIGINAL_ENV = dict(os.environ)
 REPO = Path(__file__).resolve().parents[2]
 CKPT = REPO / "assets" / "models" / "tiny-qwen2-vl"
 IMAGE = REPO / "assets" / "media" / "images"
@@ -119,6 +121,15 @@ def test_media_travels_in_shared_memory_files_that_are_removed(backend):
     final = run(collect(backend, image_prompt(), greedy(3), "shm", stream=False))[-1]
     assert final.finished
     assert set(glob.glob("/dev/shm/mm-infer-core-*")) <= before
+
+
+def test_the_core_runs_with_the_threads_given_and_openmp_workers_that_sleep(backend):
+    assert backend.client.info["cpu_threads"] == 1  # OPTIONS gives 1
+    assert backend.client.info["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    assert os.environ.get("OMP_WAIT_POLICY") != "PASSIVE" or "OMP_WAIT_POLICY" in ORIGINAL_ENV  # set for the child only
+    cores = len(os.sched_getaffinity(0))
+    assert core_options({})["cpu_threads"] == max(1, cores - 1)  # one core left to the server process
+    assert core_options({"cpu_threads": 3})["cpu_threads"] == 3
 
 
 def test_an_engine_side_error_in_a_call_reaches_the_caller(backend):
