@@ -115,7 +115,8 @@ def test_async_streams_match_offline(async_engine, llm):
 
     for snaps, ref in zip(asyncio.run(main()), offline, strict=True):
         assert snaps[-1].finished and not any(s.finished for s in snaps[:-1])
-        assert [len(s.outputs[0].token_ids) for s in snaps] == list(range(1, len(snaps) + 1))
+        lengths = [len(s.outputs[0].token_ids) for s in snaps]  # a reader that lags skips to the newest snapshot
+        assert lengths == sorted(set(lengths)) and lengths[0] >= 1
         assert snaps[-1].outputs[0].token_ids == ref.outputs[0].token_ids
         assert snaps[-1].outputs[0].logprobs == ref.outputs[0].logprobs
 

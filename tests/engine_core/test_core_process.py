@@ -74,9 +74,11 @@ def test_streams_of_each_output_kind_end_in_the_same_whole_output(backend):
         outs[kind] = run(collect(backend, {"prompt": "one two three"}, greedy(8, output_kind=kind), f"k-{kind.name}"))
     deltas = outs[RequestOutputKind.DELTA]
     cumulative = outs[RequestOutputKind.CUMULATIVE]
-    assert len(deltas) == 8 and all(len(d.outputs[0].token_ids) == 1 for d in deltas)
+    assert all(d.outputs[0].token_ids for d in deltas)  # one token each, or more merged when the reader lagged
     joined = [t for d in deltas for t in d.outputs[0].token_ids]
-    assert [len(c.outputs[0].token_ids) for c in cumulative] == list(range(1, 9))  # whole output each time
+    assert len(joined) == 8
+    lengths = [len(c.outputs[0].token_ids) for c in cumulative]  # whole output each time, growing
+    assert lengths == sorted(set(lengths)) and lengths[-1] == 8
     assert cumulative[-1].outputs[0].token_ids == joined
     assert cumulative[-1].outputs[0].text == "".join(d.outputs[0].text for d in deltas)
 
@@ -128,7 +130,8 @@ def test_the_core_runs_with_the_threads_given_and_openmp_workers_that_sleep(back
     assert backend.client.info["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     assert os.environ.get("OMP_WAIT_POLICY") != "PASSIVE" or "OMP_WAIT_POLICY" in ORIGINAL_ENV  # set for the child only
     cores = len(os.sched_getaffinity(0))
-    assert core_options({})["cpu_threads"] == max(1, cores - 1)  # one core left to the server process
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert core_options({})["cpu_threads"] == max(1, cores - 1)  # one core left to the server process
     assert core_options({"cpu_threads": 3})["cpu_threads"] == 3
 
 
