@@ -107,4 +107,6 @@ class MediaResolver:
         """The prompt's media items, fetched and decoded concurrently, in prompt order."""
         if len(refs) > self.processor.limits.max_items:
             raise MediaTooLargeError(f"{len(refs)} media items, over the limit of {self.processor.limits.max_items}")
+        if not refs:  # text only: no gather (and no task switch) at all
+            return []
         return list(await asyncio.gather(*(self._one(r, opts) for r in refs)))
