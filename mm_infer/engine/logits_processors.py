@@ -74,7 +74,9 @@ def apply_penalties(x: Tensor, batch: SamplingBatch) -> None:
 
 def apply_temperature(x: Tensor, batch: SamplingBatch) -> None:
     rows = batch.sampled_rows
-    if rows:
+    if len(rows) == x.shape[0]:  # every row samples: divide in place, no gather and scatter
+        x.div_(batch.per_row(rows, "temperature")[:, None])
+    elif rows:
         idx = batch.index(rows)
         x[idx] = x[idx] / batch.per_row(rows, "temperature")[:, None]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 
@@ -23,7 +24,7 @@ from servers.openai.generate_protocol import (
     PlaceholderRangeInfo,
     to_engine_params,
 )
-from servers.openai.json_out import JsonBody
+from servers.openai.json_out import JsonBody, compact
 from servers.openai.outputs import json_logprob, usage
 from servers.openai.replies import ApiError, Usage, from_exception
 from servers.openai.state import ServerState
@@ -91,6 +92,14 @@ def _choice(req: GenerateRequest, comp: CompletionOutput, final: bool) -> Genera
                           text=comp.text if req.output_mode == "text" else None)
 
 
+def _chunk_choice(req: GenerateRequest, comp: CompletionOutput) -> dict[str, Any]:
+    """A streamed chunk's GenerateChoice as the None-free dict its SSE encoding is (built once, no validation)."""
+    k = req.sampling_params.logprobs
+    return compact(index=comp.index, finish_reason=comp.finish_reason, stop_reason=comp.stop_reason,
+                   token_ids=list(comp.token_ids), logprobs=None if k is None else _logprobs(comp, k),
+                   text=comp.text if req.output_mode == "text" else None)
+
+
 def _placeholders(req: GenerateRequest, prepared: VLMRequest) -> dict[str, list[PlaceholderRangeInfo]] | None:
     if not req.return_token_ids or not prepared.items:
         return None
@@ -114,15 +123,15 @@ async def _chunks(state: ServerState, req: GenerateRequest, prepared: VLMRequest
     sent_prompt = [False]
 
     def event(_: int, out: RequestOutput) -> str | None:
-        choices = [_choice(req, c, True) for c in out.outputs if c.token_ids or c.finish_reason]
+        choices = [_chunk_choice(req, c) for c in out.outputs if c.token_ids or c.finish_reason]
         if not choices:
             return None
         first = not sent_prompt[0] and bool(req.return_token_ids)
         sent_prompt[0] = True
-        return sse(GenerateResponse(request_id=rid, output_mode=req.output_mode, choices=choices,
-                                    prompt_token_ids=list(out.prompt_token_ids) if first else None,
-                                    mm_placeholders=_placeholders(req, prepared) if first else None,
-                                    weight_version=output_version(state, out)))
+        return sse(compact(request_id=rid, output_mode=req.output_mode, choices=choices,  # GenerateResponse's
+                           prompt_token_ids=list(out.prompt_token_ids) if first else None,  # fields, None-free
+                           mm_placeholders=_placeholders(req, prepared) if first else None,
+                           weight_version=output_version(state, out)))
 
     def usage_chunk(total: Usage) -> bytes | str:
         return sse(GenerateResponse(request_id=rid, output_mode=req.output_mode, choices=[], usage=total))

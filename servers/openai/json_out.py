@@ -32,6 +32,11 @@ def sse(event: BaseModel | dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(event, default=_sse_default) + b"\n\n"
 
 
+def named_sse(kind: str, body: dict[str, Any]) -> str:
+    """One `event: kind` SSE event (the Responses API's typed stream), its data encoded once by orjson."""
+    return f"event: {kind}\ndata: {orjson.dumps(body, default=_sse_default).decode()}\n\n"
+
+
 class JsonBody(Response):
     """An answer already encoded (or a model to encode): served as application/json as FastAPI would."""
 

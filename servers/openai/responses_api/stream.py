@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from pydantic import BaseModel
 
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
+from servers.openai.json_out import named_sse
 from servers.openai.outputs import Parsed
 from servers.openai.protocol import ChatCompletionRequest
 from servers.openai.replies import from_exception
@@ -31,7 +31,7 @@ class _Events:
     def __call__(self, kind: str, **fields: Any) -> str:
         body = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return named_sse(kind, body)
 
 
 class _Progress:
