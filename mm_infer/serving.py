@@ -69,13 +69,21 @@ class EngineBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
-def meta_reference(preparer: PromptPreparer) -> torch.nn.Module:
-    """The checkpoint's model on the meta device: the names and shapes a refit is checked against, no memory
-    (for backends whose engines live in other processes)."""
-    from mm_infer.models.qwen2_vl import QwenVLModel
+class MetaReference:
+    """`reference_model` for backends whose engines live in other processes: the checkpoint's model on the meta
+    device, built once on first use (the names and shapes a refit is checked against, no memory)."""
 
-    with torch.device("meta"):
-        return QwenVLModel(preparer.model_config)
+    preparer: PromptPreparer
+    _reference: torch.nn.Module | None = None
+
+    @property
+    def reference_model(self) -> torch.nn.Module:
+        if self._reference is None:
+            from mm_infer.models.qwen2_vl import QwenVLModel
+
+            with torch.device("meta"):
+                self._reference = QwenVLModel(self.preparer.model_config)
+        return self._reference
 
 
 def engine_gauges(stats: Mapping[str, float]) -> dict[str, float]:

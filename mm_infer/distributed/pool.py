@@ -9,7 +9,6 @@ from dataclasses import replace
 from typing import Any
 
 import ray
-import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from mm_infer.config import EngineConfig
@@ -26,7 +25,7 @@ from mm_infer.engine.sleep import SleepState
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import Bucket, DeltaTracker, engine_gauges, meta_reference, wants_deltas
+from mm_infer.serving import Bucket, DeltaTracker, MetaReference, engine_gauges, wants_deltas
 
 
 def ensure_ray(config: PoolConfig) -> bool:
@@ -48,7 +47,7 @@ def _unwrap(exc: RayTaskError) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
-class ReplicaPool(PoolRL):
+class ReplicaPool(PoolRL, MetaReference):
     """Prepares prompts here (media preprocessed once, shipped once through the object store), routes each request
     to one replica, streams its snapshots back, and fans refits, freezes and cache resets out to every replica."""
 
@@ -64,7 +63,6 @@ class ReplicaPool(PoolRL):
         self.supervisor = Supervisor(config, self.router)
         self._version = engine_config.weight_version
         self._inflight: dict[str, tuple[int, Any]] = {}  # request id -> (replica index, actor handle)
-        self._reference: torch.nn.Module | None = None
         self.media = MediaRefCache(config.media_cache_bytes)
         self._closed = False
         self._round_names: list[str] = []  # names of the weight-transfer round staged on the replicas
@@ -90,13 +88,6 @@ class ReplicaPool(PoolRL):
     @property
     def weight_version(self) -> int:
         return self._version
-
-    @property
-    def reference_model(self) -> torch.nn.Module:
-        """The model on the meta device: names and shapes for refit checks, no memory."""
-        if self._reference is None:
-            self._reference = meta_reference(self.preparer)
-        return self._reference
 
     def prepare(self, prompt: str | Mapping[str, Any] | PromptInput) -> VLMRequest:
         return self.preparer.prepare(prompt)

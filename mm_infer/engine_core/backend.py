@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from mm_infer.config import EngineConfig
 from mm_infer.distributed.errors import ReplicaUnavailableError
 from mm_infer.distributed.journal import WeightJournal
@@ -26,7 +24,7 @@ from mm_infer.engine_core import wire
 from mm_infer.engine_core.core_client import CoreClient
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import Bucket, Prompt, engine_gauges, meta_reference
+from mm_infer.serving import Bucket, MetaReference, Prompt, engine_gauges
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +53,7 @@ class _Request:
         return whole
 
 
-class CoreProcessBackend:
+class CoreProcessBackend(MetaReference):
     """Prompts are prepared here (templating and media on this process's threads); the engine core process
     schedules, runs the model and samples. Refits are journaled so a restarted core catches up to the version."""
 
@@ -71,7 +69,6 @@ class CoreProcessBackend:
         self.last_failure: str | None = None
         self._closed = False
         self._lock = threading.Lock()  # the client swap on restart, the journal, `frozen`
-        self._reference: torch.nn.Module | None = None
         self._ids = itertools.count()
         self._watch_stop = threading.Event()
         self.client = CoreClient(model_dir, self.options, self._on_death, startup_timeout_s)
@@ -96,13 +93,6 @@ class CoreProcessBackend:
     @property
     def weight_version(self) -> int:
         return self._version
-
-    @property
-    def reference_model(self) -> torch.nn.Module:
-        """The model on the meta device: names and shapes for refit checks, no memory."""
-        if self._reference is None:
-            self._reference = meta_reference(self.preparer)
-        return self._reference
 
     @property
     def pid(self) -> int | None:
@@ -134,9 +124,10 @@ class CoreProcessBackend:
         params = params or SamplingParams()
         if not stream:
             params = params.final_only()
-        client = self._check_up()
+        self._check_up()  # before the media work: a core that is down answers at once
         loop = asyncio.get_running_loop()
         req = await loop.run_in_executor(None, self._prepare, prompt)
+        client = self._check_up()  # after it: the core may have been restarted meanwhile
         state = _Request(req, params.output_kind)
         wire_params = replace(params, output_kind=RequestOutputKind.DELTA) if state.accumulator else params
         out_stream = OutputStream(loop, wire_params.output_kind)
