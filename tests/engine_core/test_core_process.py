@@ -15,7 +15,7 @@ import torch
 from mm_infer import LLM, SamplingParams
 from mm_infer.distributed.errors import ReplicaUnavailableError
 from mm_infer.engine.sampling import RequestOutputKind
-from mm_infer.engine_core import CoreProcessBackend
+from mm_infer.engine_core import CoreProcessBackend, CoreStartupError
 from mm_infer.engine_core.core_client import core_options
 from mm_infer.prompt.placeholders import PromptError
 
@@ -204,3 +204,11 @@ def test_a_refit_and_a_pause_are_replayed_into_the_restarted_core(backend):
         return (await task)[-1].outputs[0].token_ids
 
     assert run(frozen_then_thawed()) == refit
+
+
+def test_a_core_that_cannot_load_its_engine_fails_startup_with_its_reason():
+    # the options parse here, and the engine fails in the child (no CUDA on this machine): its error comes back
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(CoreStartupError, match="the engine core could not start: .*(CUDA|cuda)"):
+        CoreProcessBackend(str(CKPT), {**OPTIONS, "device": "cuda"}, restart=False)
