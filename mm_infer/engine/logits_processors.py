@@ -74,7 +74,7 @@ def apply_penalties(x: Tensor, batch: SamplingBatch) -> None:
 
 def apply_temperature(x: Tensor, batch: SamplingBatch) -> None:
     rows = batch.sampled_rows
-    if len(rows) == x.shape[0]:  # every row samples: divide in place, no gather and scatter
+    if batch.all_sampled:  # every row samples: divide in place, no gather and scatter
         x.div_(batch.per_row(rows, "temperature")[:, None])
     elif rows:
         idx = batch.index(rows)

@@ -69,7 +69,7 @@ def _nonfinite_rows(raw_ok: Tensor, processed: Tensor) -> Tensor:
 def _draw(processed: Tensor, batch: SamplingBatch) -> Tensor:
     """Inverse-CDF draw per sampled row from its (seed, step) uniform: [R] token ids."""
     rows = batch.sampled_rows
-    picked = processed if len(rows) == processed.shape[0] else processed[batch.index(rows)]  # [R, V]
+    picked = processed if batch.all_sampled else processed[batch.index(rows)]  # [R, V]
     cdf = torch.cumsum(picked.exp(), dim=-1)  # [R, V], row-wise scan
     u = uniforms(*batch.seeds_and_steps(rows))  # [R]
     target = (1.0 - u)[:, None] * cdf[:, -1:]  # in (0, total]
@@ -115,7 +115,7 @@ class Sampler:
         nonfinite = _nonfinite_rows(raw_ok, x)
         need_processed = bool(batch.sampled_rows or batch.processed_rows)
         processed = torch.log_softmax(x, dim=-1) if need_processed else raw  # [S, V]
-        if len(batch.sampled_rows) == x.shape[0]:  # every row draws: no greedy argmax to keep
+        if batch.all_sampled:  # every row draws: no greedy argmax to keep
             tokens = _draw(processed, batch)  # [S]
         else:
             tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this

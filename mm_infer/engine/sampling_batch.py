@@ -48,6 +48,11 @@ class SamplingBatch:
             grammar_rows=_rows([s.matcher is not None for s in seqs]),
         )
 
+    @property
+    def all_sampled(self) -> bool:
+        """Every row draws (temperature > 0): processing can run in place over the whole batch."""
+        return len(self.sampled_rows) == len(self.seqs)
+
     def index(self, rows: list[int]) -> Tensor:
         """[len(rows)] long row indices on the device."""
         return self.tensor(rows, torch.long)

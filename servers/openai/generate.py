@@ -84,16 +84,9 @@ def _logprobs(comp: CompletionOutput, k: int) -> GenerateLogProbs:
     return GenerateLogProbs(content=content)
 
 
-def _choice(req: GenerateRequest, comp: CompletionOutput, final: bool) -> GenerateChoice:
-    k = req.sampling_params.logprobs
-    return GenerateChoice(index=comp.index, finish_reason=comp.finish_reason if final else None,
-                          stop_reason=comp.stop_reason if final else None, token_ids=list(comp.token_ids),
-                          logprobs=None if k is None else _logprobs(comp, k),
-                          text=comp.text if req.output_mode == "text" else None)
-
-
-def _chunk_choice(req: GenerateRequest, comp: CompletionOutput) -> dict[str, Any]:
-    """A streamed chunk's GenerateChoice as the None-free dict its SSE encoding is (built once, no validation)."""
+def _choice(req: GenerateRequest, comp: CompletionOutput) -> dict[str, Any]:
+    """A GenerateChoice as the None-free dict its JSON is: encoded as it is in a streamed chunk, validated into the
+    model in a whole answer."""
     k = req.sampling_params.logprobs
     return compact(index=comp.index, finish_reason=comp.finish_reason, stop_reason=comp.stop_reason,
                    token_ids=list(comp.token_ids), logprobs=None if k is None else _logprobs(comp, k),
@@ -113,7 +106,7 @@ def _response(state: ServerState, req: GenerateRequest, prepared: VLMRequest, ou
               version: int | None) -> GenerateResponse:
     return GenerateResponse(
         request_id=rid, model=state.config.model_name, created=int(time.time()),
-        output_mode=req.output_mode, choices=[_choice(req, c, True) for c in out.outputs], usage=usage(out),
+        output_mode=req.output_mode, choices=[GenerateChoice(**_choice(req, c)) for c in out.outputs], usage=usage(out),
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
         mm_placeholders=_placeholders(req, prepared), weight_version=version)
 
@@ -123,7 +116,7 @@ async def _chunks(state: ServerState, req: GenerateRequest, prepared: VLMRequest
     sent_prompt = [False]
 
     def event(_: int, out: RequestOutput) -> str | None:
-        choices = [_chunk_choice(req, c) for c in out.outputs if c.token_ids or c.finish_reason]
+        choices = [_choice(req, c) for c in out.outputs if c.token_ids or c.finish_reason]
         if not choices:
             return None
         first = not sent_prompt[0] and bool(req.return_token_ids)
