@@ -115,7 +115,7 @@ def vision_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     if select_backend(q, k, cos, sin) == "triton":
         return _vr.vision_rope_triton(q, k, cos, sin)
     _vr.check_rope_args(q, k, cos, sin)
-    return _vr.vision_rope_reference(q, k, cos, sin)
+    return _vr.vision_rope_torch(q, k, cos, sin)
 
 
 def vision_rope_from_grid(q: torch.Tensor, k: torch.Tensor, grid_thw: torch.Tensor | list, *,

@@ -111,9 +111,10 @@ class ModelRunner:
         return found
 
     def _encode(self, batch: list[MediaItem]) -> Tensor:
-        """The vision tower over items: off the CPU their uint8 frames go to the device and become embeddings there
-        (fused Triton patch embed); on the CPU, or for rows-form items, today's float rows and patch-embed matmul."""
-        frames = None if self.device.type == "cpu" else PackedTensor.joint_frame_batch([it.media for it in batch])
+        """The vision tower over items. Items holding uint8 frames go to the device as frames and are embedded
+        there (fused Triton patch embed off the CPU; on the CPU, table-lookup rows one group at a time, equal to the
+        rows path); rows-form items take the float rows and the patch-embed matmul."""
+        frames = PackedTensor.joint_frame_batch([it.media for it in batch])
         if frames is not None:
             return self.model.encode_frames(frames)
         pixels = torch.cat([it.pixel_values for it in batch]) if len(batch) > 1 else batch[0].pixel_values

@@ -88,25 +88,33 @@ def patchify(frames: torch.Tensor, spec: PatchSpec = DEFAULT_SPEC) -> tuple[torc
 
 
 @lru_cache(maxsize=16)
-def normalization_lut(backend: Backend, spec: PatchSpec = DEFAULT_SPEC) -> np.ndarray:
-    """float32 [3, 256]: `normalize` applied to every uint8 value, so a gather replaces the arithmetic.
+def norm_table(norm: Normalize) -> np.ndarray:
+    """float32 [3, 256]: `norm` applied to every uint8 value, so a gather replaces the arithmetic.
 
-    Element-wise float arithmetic is deterministic, so the table reproduces `normalize` bit for bit.
+    Element-wise float arithmetic is deterministic, so the table reproduces the normalisation bit for bit.
     """
-    values = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256).contiguous()
-    return normalize(values, backend, spec)[0, :, 0, :].numpy().copy()
+    values = torch.arange(256, dtype=torch.uint8).view(1, 256, 1).expand(1, 256, 3).contiguous()  # [1, 256, 3]
+    return norm.apply(values)[0].t().numpy().copy()  # [3, 256]
 
 
-def frames_to_rows(frames: torch.Tensor, backend: Backend,
-                   spec: PatchSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """uint8 [T, 3, H, W] -> (float32 rows [patches, 3*tp*p*p], grid): table lookup per colour plane, then patchify.
+def rows_by_table(frames: torch.Tensor, norm: Normalize, geometry: PatchGeometry) -> torch.Tensor:
+    """uint8 [T, 3, H, W] -> float32 rows [patches, 3*tp*p*p]: one table gather per colour plane, then patch_rows.
 
-    Equal to `patchify(normalize(frames))` bit for bit; the lookup replaces 2-4 float passes with one gather
+    Equal to `patch_rows(normalised frames)` bit for bit; the lookup replaces 2-4 float passes with one gather
     over contiguous planes.
     """
-    lut = normalization_lut(backend, spec)
+    lut = norm_table(norm)
     src = np.ascontiguousarray(frames.numpy())  # [T, 3, H, W] uint8
     out = np.empty(src.shape, dtype=np.float32)
     for c in range(3):
         np.take(lut[c], src[:, c], out=out[:, c], mode="clip")
-    return patchify(torch.from_numpy(out), spec)
+    return patch_rows(torch.from_numpy(out), geometry)
+
+
+def frames_to_rows(frames: torch.Tensor, backend: Backend,
+                   spec: PatchSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """uint8 [T, 3, H, W] -> (float32 rows [patches, 3*tp*p*p], grid), equal to `patchify(normalize(frames))`."""
+    t, _, h, w = frames.shape
+    if h % spec.factor or w % spec.factor:
+        raise ValueError(f"frame size {h}x{w} is not a multiple of {spec.factor}")
+    return rows_by_table(frames, spec.normalizer(backend), spec.geometry), spec.geometry.grid((t, h, w))

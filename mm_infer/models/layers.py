@@ -78,14 +78,16 @@ def rope_inv_freq(theta: float, dim: int) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim))
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [N, H, d]; cos/sin: [N, d] (broadcast over heads)."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+    """x: [N, H, d]; cos/sin: [N, d] (broadcast over heads). HF's `x * cos + rotate_half(x) * sin`, computed
+    without the rotated copy: the half products are subtracted and added in place, which rounds identically
+    ((-a) * s == -(a * s), and b + (-c) == b - c)."""
+    half = x.shape[-1] // 2
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [N, 1, d]
+    out = x * cos  # [N, H, d]
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
+    return out
 
 
 def mrope_cos_sin(

@@ -1,6 +1,8 @@
-"""On a device the runner ships uint8 frames and embeds them there; on the CPU it keeps the exact rows path."""
+"""The runner ships uint8 frames to its device and embeds them there; on the CPU too, with the rows path's bits."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from engine_cases import CKPT
@@ -40,7 +42,18 @@ def test_fake_cuda_runner_ships_uint8_frames_and_embeds_them_on_the_device(monke
     assert batch.buffer.numel() == req.items[0].nbytes
 
 
-def test_cpu_runner_keeps_the_rows_path(monkeypatch):
+def test_cpu_runner_embeds_frames_with_the_rows_paths_tokens(monkeypatch):
+    """The CPU takes the frames path (table-lookup rows a group at a time, tests/models/test_vision_frames.py
+    proves its bits); a prompt given as float rows takes the rows path, and both give the same logprobs."""
     frames, rows = spy(monkeypatch, "encode_frames"), spy(monkeypatch, "encode_vision")
-    LLM(str(CKPT)).generate([PROMPT], SamplingParams(max_tokens=1))
-    assert len(rows) == 1 and not frames
+    llm = LLM(str(CKPT))
+    params = SamplingParams(max_tokens=4, logprobs=2, seed=7)
+    by_frames = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
+    assert len(frames) == 1 and not rows
+    req = llm.engine.prepare(PROMPT)
+    as_rows = replace(req, items=[replace(it, media=it.pixel_values) for it in req.items])
+    llm.engine.reset_caches()
+    llm.engine.add_request("rows", as_rows, params.final_only())
+    by_rows = llm._run(["rows"], use_tqdm=False)[0].outputs[0]
+    assert len(rows) == 1
+    assert by_rows.token_ids == by_frames.token_ids and by_rows.logprobs == by_frames.logprobs

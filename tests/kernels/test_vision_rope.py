@@ -1,4 +1,4 @@
-"""vision_rope: position ids and cos/sin vs HF, Triton vs reference (bit-exact), strided q/k, assertions."""
+"""vision_rope: position ids and cos/sin vs HF, Triton and the CPU path vs reference (bit-exact), strided q/k."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from kernels.vision_rope import (
     vision_position_ids,
     vision_rope_cos_sin,
     vision_rope_reference,
+    vision_rope_torch,
     vision_rope_triton,
 )
 
@@ -108,3 +109,20 @@ def test_random_shapes_match_reference(grid: list[tuple[int, int, int]], heads: 
     q, k = torch.randn(2, grid_tokens(grid), heads, 4 * quarter).to(dtype).to(device)
     for o, r in zip(vision_rope_triton(q, k, cos, sin), vision_rope_reference(q, k, cos, sin), strict=True):
         assert (o.float() - r.float()).abs().max().item() <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_cpu_path_equals_reference_and_hf(grid: list[list[int]], dtype: torch.dtype, head_dim: int) -> None:
+    """The in-place torch path the CPU runs: the reference's bits (and HF's), on strided views of a fused qkv.
+    An FMA, a changed order of the two products, or a sign slip on either half would show."""
+    cos, sin = vision_rope_cos_sin(grid, head_dim)
+    g = torch.Generator().manual_seed(head_dim + 1)
+    qkv = (torch.randn(grid_tokens(grid), 3, 3, head_dim, generator=g) * 30).to(dtype)  # large: products round
+    q, k, _ = qkv.unbind(1)
+    ref = vision_rope_reference(q, k, cos, sin)
+    out = vision_rope_torch(q, k, cos, sin)
+    assert all(torch.equal(o, r) and o.dtype == dtype for o, r in zip(out, ref, strict=True))
+    hf = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl")
+    assert all(torch.equal(o, r) for o, r in zip(out, hf.apply_rotary_pos_emb_vision(q, k, cos, sin), strict=True))

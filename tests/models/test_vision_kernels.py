@@ -29,12 +29,12 @@ def vision_inputs(cfg) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def test_cpu_encoder_uses_the_kernels_reference(ours, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_encoder_uses_the_kernels_torch_path(ours, monkeypatch: pytest.MonkeyPatch) -> None:
     model, cfg = ours
     monkeypatch.delenv("MM_INFER_KERNELS", raising=False)
-    calls = counting(monkeypatch, "vision_rope_reference")
+    calls = counting(monkeypatch, "vision_rope_torch")
     model.encode_vision(*vision_inputs(cfg))
-    assert len(calls) == cfg.vision.depth  # every block's rope is kernels' one torch reference
+    assert len(calls) == cfg.vision.depth  # every block's rope is kernels' torch path (bit-equal to the reference)
 
 
 @needs_triton
