@@ -88,13 +88,14 @@ class DecodeGraphs:
         return (0 < n <= max_rows and len(plan.decode_rows) == n and not plan.media and not plan.scoring
                 and len(plan.sample_rows) == n)
 
-    def run(self, plan: BatchPlan) -> Tensor:
-        """Logits [n, V] float32 of a pure decode plan (see accepts)."""
+    def run(self, plan: BatchPlan, tables: Tensor, rows: Tensor) -> Tensor:
+        """Logits [n, V] float32 of a pure decode plan (see accepts); `rows` [n] of the chunks' block tables in the
+        persistent batch's `tables` [R, max_blocks]."""
         n = len(plan.chunks)
         size = next(s for s in self.sizes if s >= n)
         buf = self.buffers.get(size) or self.buffers.setdefault(
             size, DecodeBuffers.allocate(size, self.max_blocks, self.model.device))
-        width = self._fill(buf, plan, size)
+        width = self._fill(buf, plan, size, tables, rows)
         graph = None
         if self.capture:
             graph = self.graphs[size] if size in self.graphs else self._capture(size, buf)
@@ -104,9 +105,10 @@ class DecodeGraphs:
             graph.replay()
         return buf.logits[:n]
 
-    def _fill(self, buf: DecodeBuffers, plan: BatchPlan, size: int) -> int:
-        """Host arrays of the plan (padding rows: token 0 at position 0, the scratch slot), one copy each;
-        returns the number of table columns the longest row needs."""
+    def _fill(self, buf: DecodeBuffers, plan: BatchPlan, size: int, tables: Tensor, rows: Tensor) -> int:
+        """The plan's ids, positions, slots and lengths (padding rows: token 0 at position 0, the scratch slot), one
+        copy each, and its block tables gathered on the device from the persistent rows; returns the number of
+        table columns the longest row needs."""
         n, bs = len(plan.chunks), self.kv.block_size
         ids = np.zeros(size, dtype=np.int64)
         ids[:n] = plan.token_ids
@@ -114,15 +116,13 @@ class DecodeGraphs:
         pos[:n] = plan.decode_positions
         slots = np.full(size, self.scratch_block * bs, dtype=np.int64)
         slots[:n] = plan.single_slots
-        tables = np.full((size, self.max_blocks), self.scratch_block, dtype=np.int32)
         lens = np.ones(size, dtype=np.int32)
-        for i, chunk in enumerate(plan.chunks):
-            table = chunk.seq.block_table[:self.max_blocks]
-            tables[i, :len(table)] = table
-            lens[i] = chunk.end
+        lens[:n] = [chunk.end for chunk in plan.chunks]
         for dst, src in ((buf.ids, ids), (buf.positions, np.broadcast_to(pos, (3, size))), (buf.slots, slots),
-                         (buf.tables, tables), (buf.lens, lens)):
+                         (buf.lens, lens)):
             dst.copy_(torch.from_numpy(np.ascontiguousarray(src)), non_blocking=True)
+        torch.index_select(tables, 0, rows, out=buf.tables[:n])
+        buf.tables[n:] = self.scratch_block
         return min(-(-int(lens.max()) // bs), self.max_blocks)
 
     @torch.inference_mode()

@@ -17,7 +17,7 @@ from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.errors import NONFINITE_MODEL, NONFINITE_PARAMS, RequestError, step_failure
 from mm_infer.engine.fault_isolation import culprits
 from mm_infer.engine.memory_profile import cuda_kv_budget
-from mm_infer.engine.model_runner import ModelRunner, StaticDecode, StepOutput
+from mm_infer.engine.model_runner import ModelRunner, StepLimits, StepOutput
 from mm_infer.engine.outputs import RequestOutput, make_output
 from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
 from mm_infer.engine.sampler import RAW_NONFINITE, Sampler, SampleResult
@@ -56,7 +56,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
         self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache,
-                                  config.batch_invariant, self._static_decode(config, device))
+                                  self._step_limits(config, device), config.batch_invariant)
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = frozenset(special.eos_ids)
@@ -67,12 +67,11 @@ class LLMEngine:
         self.sleep_state = SleepState()  # engine/sleep.py: what a sleep released
         self.sleep_kv_shape: Any = None
 
-    def _static_decode(self, config: EngineConfig, device: torch.device) -> StaticDecode | None:
+    def _step_limits(self, config: EngineConfig, device: torch.device) -> StepLimits:
         """Static decode everywhere but under CPU batch invariance (whose length buckets keep rows independent)."""
-        if config.batch_invariant and device.type != "cuda":
-            return None
-        return StaticDecode(self.runtime.max_model_len, config.scheduler.max_num_seqs,
-                            capture=device.type == "cuda" and not config.enforce_eager)
+        return StepLimits(self.runtime.max_model_len, config.scheduler.max_num_seqs,
+                          static_decode=not (config.batch_invariant and device.type != "cuda"),
+                          capture=device.type == "cuda" and not config.enforce_eager)
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:
@@ -180,7 +179,7 @@ class LLMEngine:
         if not seqs:
             return []
         try:
-            sampled = self.sampler(result.sample_logits, seqs)
+            sampled = self.sampler(result.sample_logits, seqs, self.runner.batch, result.sample_rows)
         except Exception as exc:
             error = step_failure(exc)
             return [self._end(g, "error", error) for g in {id(s.group): s.group for s in seqs}.values()]

@@ -13,6 +13,7 @@ from mm_infer.engine.batch_plan import BatchPlan
 from mm_infer.engine.decode_graphs import DecodeGraphs
 from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext, PrefillTables
+from mm_infer.engine.persistent_batch import PersistentBatch
 from mm_infer.engine.scheduler import ScheduledChunk
 from mm_infer.media.packed import PackedTensor
 from mm_infer.models.language import DeepStack
@@ -26,12 +27,14 @@ MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
-class StaticDecode:
-    """Pure decode steps over static buffers (decode_graphs.py); captured as CUDA graphs when capture is set."""
+class StepLimits:
+    """The sizes every step fits in, and whether pure decode steps run over static buffers (decode_graphs.py),
+    captured as CUDA graphs when `capture` is set."""
 
     max_model_len: int
     max_num_seqs: int
-    capture: bool
+    static_decode: bool = True
+    capture: bool = False
 
 
 @dataclass
@@ -40,6 +43,7 @@ class StepOutput:
 
     sample_chunks: list[ScheduledChunk]
     sample_logits: Tensor  # [S, V] float32
+    sample_rows: Tensor  # [S] long: the sampled sequences' rows in the persistent batch (device)
     # seq_id -> (first scored prompt index, logprob of each actual token, top-k alternatives or None, rank of each
     # actual token: 1 + how many other tokens score at least as high, vLLM's count)
     prompt_logprobs: dict[int, tuple[int, list[float], list[dict[int, float]] | None, list[int]]] = field(
@@ -57,7 +61,7 @@ class ModelRunner:
     """Holds the model, the KV cache and the encoder cache; turns scheduled chunks into logits."""
 
     def __init__(self, model: QwenVLModel, num_kv_blocks: int, block_size: int, encoder_cache: EncoderCache,
-                 batch_invariant: bool = False, static_decode: StaticDecode | None = None) -> None:
+                 limits: StepLimits, batch_invariant: bool = False) -> None:
         self.model = model
         self.min_rows = MIN_ROWS if batch_invariant else 0  # pad batches to this many rows; media items under it alone
         if batch_invariant and model.device.type != "cuda":  # MoE experts: each group padded to MIN_ROWS too
@@ -68,9 +72,10 @@ class ModelRunner:
         # one more block than the block manager hands out: the scratch block of static decode's padding rows
         self.kv = KVCache.allocate(text.num_layers, num_kv_blocks + 1, block_size, text.num_kv_heads,
                                    text.head_dim, model.dtype, model.device)
-        self.graphs = None if static_decode is None else DecodeGraphs(
-            model, self.kv, num_kv_blocks, -(-static_decode.max_model_len // block_size), static_decode.max_num_seqs,
-            static_decode.capture)
+        max_blocks = -(-limits.max_model_len // block_size)
+        self.batch = PersistentBatch(limits.max_num_seqs, max_blocks, num_kv_blocks, model.device)
+        self.graphs = DecodeGraphs(model, self.kv, num_kv_blocks, max_blocks, limits.max_num_seqs,
+                                   limits.capture) if limits.static_decode else None
         self.block_size = block_size
         self.encoder_cache = encoder_cache
         self.encoder_calls = 0  # media items run through the vision tower
@@ -237,13 +242,15 @@ class ModelRunner:
 
         Pure decode steps take the static path (CUDA graphs on CUDA) when the runner has one."""
         plan = BatchPlan.build(chunks, self.block_size)
+        sample_chunks = plan.sample_chunks
+        rows = self.batch.rows_of([c.seq for c in sample_chunks])  # [S]
         if self.graphs is not None and DecodeGraphs.accepts(plan, self.graphs.sizes[-1]):
-            return StepOutput(plan.sample_chunks, self.graphs.run(plan))
+            return StepOutput(sample_chunks, self.graphs.run(plan, self.batch.tables, rows), rows)
         input_ids, positions, attn = self._inputs(plan)
         embeds, deepstack = self._embed(plan, input_ids)
         hidden = self.model.forward_hidden(embeds, positions, attn, deepstack)  # [Np, D]
-        rows = self._to_device(plan.sample_rows + plan.score_rows)
-        logits = self.model.compute_logits(_pad_rows(hidden[rows], self.min_rows))[:rows.shape[0]]  # [R, V] float32
-        out = StepOutput(plan.sample_chunks, logits[:len(plan.sample_rows)])
+        picked = self._to_device(plan.sample_rows + plan.score_rows)
+        logits = self.model.compute_logits(_pad_rows(hidden[picked], self.min_rows))[:picked.shape[0]]  # [R, V] f32
+        out = StepOutput(sample_chunks, logits[:len(plan.sample_rows)], rows)
         self._score_prompt(plan, logits, out)
         return out

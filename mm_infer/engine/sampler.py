@@ -15,6 +15,7 @@ from mm_infer.engine.logits_processors import (
     mask_tokens,
     truncate,
 )
+from mm_infer.engine.persistent_batch import PersistentBatch
 from mm_infer.engine.random_draws import uniforms
 from mm_infer.engine.sampling_batch import SamplingBatch
 from mm_infer.engine.sequence import Sequence
@@ -106,9 +107,11 @@ class Sampler:
         return logits
 
     @torch.inference_mode()
-    def sample(self, logits: Tensor, seqs: list[Sequence]) -> SampledTokens:
-        """logits [S, V] float32, one row per sequence (consumed: processed in place). Nothing is read back."""
-        batch = SamplingBatch.build(seqs, logits.device)
+    def sample(self, logits: Tensor, seqs: list[Sequence], store: PersistentBatch | None = None,
+               store_rows: Tensor | None = None) -> SampledTokens:
+        """logits [S, V] float32, one row per sequence (consumed: processed in place). Nothing is read back.
+        `store`, `store_rows`: the engine's persistent batch and the sequences' rows there (their parameters)."""
+        batch = SamplingBatch.build(seqs, logits.device, store, store_rows)
         raw_ok = torch.isfinite(logits.sum(-1))  # [S]: a NaN or an inf anywhere in the row makes its sum one
         raw = torch.log_softmax(logits, dim=-1)  # [S, V]
         x = self.process(logits, batch)
@@ -126,5 +129,6 @@ class Sampler:
         top_values, top_ids = torch.topk(source, batch.max_top_logprobs, dim=-1)  # [S, K]
         return SampledTokens(batch, tokens, picked, top_values, top_ids, nonfinite)
 
-    def __call__(self, logits: Tensor, seqs: list[Sequence]) -> SampleResult:
-        return self.sample(logits, seqs).readback()
+    def __call__(self, logits: Tensor, seqs: list[Sequence], store: PersistentBatch | None = None,
+                 store_rows: Tensor | None = None) -> SampleResult:
+        return self.sample(logits, seqs, store, store_rows).readback()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mm_infer.engine.persistent_batch import SAMPLING_COLUMNS, PersistentBatch
 from mm_infer.engine.random_draws import seed_to_int64
 from mm_infer.engine.sequence import Sequence
 
@@ -20,6 +21,8 @@ class SamplingBatch:
     """Host lists say which rows need which processing (no device reads); tensors hold the per-row values.
 
     Row subsets are plain lists, known from the parameters alone, so no step ever syncs to decide what to run.
+    With a persistent batch (the engine's), temperature, top_p, min_p and seeds are gathered from its device rows
+    rather than sent from the host each step.
     """
 
     seqs: list[Sequence]
@@ -32,9 +35,12 @@ class SamplingBatch:
     processed_rows: list[int]  # logprobs_mode == processed_logprobs
     max_top_logprobs: int  # the largest `logprobs` asked for (0: none)
     grammar_rows: list[int]  # structured outputs: a grammar matcher masks the row's tokens
+    store: PersistentBatch | None = None
+    store_rows: Tensor | None = None  # [S] long: each row's row in `store`
 
     @staticmethod
-    def build(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
+    def build(seqs: list[Sequence], device: torch.device, store: PersistentBatch | None = None,
+              store_rows: Tensor | None = None) -> SamplingBatch:
         ps = [s.params for s in seqs]
         return SamplingBatch(
             seqs, device,
@@ -46,6 +52,7 @@ class SamplingBatch:
             processed_rows=_rows([p.logprobs_mode == "processed_logprobs" for p in ps]),
             max_top_logprobs=max((p.logprobs or 0 for p in ps), default=0),
             grammar_rows=_rows([s.matcher is not None for s in seqs]),
+            store=store, store_rows=store_rows,
         )
 
     @property
@@ -60,13 +67,22 @@ class SamplingBatch:
     def tensor(self, values: list, dtype: torch.dtype) -> Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
+    def _in_store(self, rows: list[int]) -> Tensor:
+        """[len(rows)] long: those rows' rows in the persistent batch (rows are sorted and distinct)."""
+        return self.store_rows if len(rows) == len(self.seqs) else self.store_rows[self.index(rows)]
+
     def per_row(self, rows: list[int], field: str, dtype: torch.dtype = torch.float32) -> Tensor:
         """[len(rows)] values of one SamplingParams field for those rows."""
+        if self.store is not None and field in SAMPLING_COLUMNS and dtype == torch.float32:
+            return self.store.column(field)[self._in_store(rows)]
         return self.tensor([getattr(self.seqs[i].params, field) for i in rows], dtype)
 
     def seeds_and_steps(self, rows: list[int]) -> tuple[Tensor, Tensor]:
         """[R] int64 seeds and [R] int64 draw indices (the number of tokens each row has generated)."""
-        seeds = self.tensor([seed_to_int64(self.seqs[i].seed) for i in rows], torch.long)
+        if self.store is not None:
+            seeds = self.store.seeds[self._in_store(rows)]
+        else:
+            seeds = self.tensor([seed_to_int64(self.seqs[i].seed) for i in rows], torch.long)
         steps = self.tensor([self.seqs[i].num_output_tokens for i in rows], torch.long)
         return seeds, steps
 

@@ -99,8 +99,8 @@ def test_mixed_batch_rows_without_grammar_are_untouched(llm, monkeypatch):
     steps: list[list[bool]] = []
     real = sampling_batch.SamplingBatch.build
 
-    def spy(seqs, device):
-        batch = real(seqs, device)
+    def spy(seqs, device, *store):
+        batch = real(seqs, device, *store)
         steps.append([s.matcher is not None for s in seqs])
         return batch
 
