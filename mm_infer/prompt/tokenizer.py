@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -37,6 +38,7 @@ class Tokenizer:
         self.special = dict(special)
         self._compiled: Any = None
         self._others: dict[str, Any] = {}  # compiled per-call templates, by source (a few kept)
+        self._compile_lock = threading.Lock()
 
     @staticmethod
     def from_pretrained(model_dir: str | Path) -> Tokenizer:
@@ -71,17 +73,20 @@ class Tokenizer:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     def _template(self, source: str | None) -> Any:
-        if source is None or source == self.chat_template:
-            if self.chat_template is None:
-                raise ValueError("this checkpoint has no chat template")
-            if self._compiled is None:
-                self._compiled = _compile_template(self.chat_template)
-            return self._compiled
-        if source not in self._others:
-            if len(self._others) >= 8:
-                self._others.clear()
-            self._others[source] = _compile_template(source)
-        return self._others[source]
+        """The compiled template; compiled once, under a lock (a server's first wave of requests renders on many
+        threads at once, and each compile takes tens of milliseconds)."""
+        with self._compile_lock:
+            if source is None or source == self.chat_template:
+                if self.chat_template is None:
+                    raise ValueError("this checkpoint has no chat template")
+                if self._compiled is None:
+                    self._compiled = _compile_template(self.chat_template)
+                return self._compiled
+            if source not in self._others:
+                if len(self._others) >= 8:
+                    self._others.clear()
+                self._others[source] = _compile_template(source)
+            return self._others[source]
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], tokenize: bool = True,
                             add_generation_prompt: bool = False, chat_template: str | None = None,

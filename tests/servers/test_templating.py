@@ -90,3 +90,31 @@ def test_transformers_tokenizer_renders_the_same_ids(tok):
     batch_encoding = hf.apply_chat_template(convo, tokenize=True, add_generation_prompt=True)
     assert flat_token_ids(batch_encoding) == ours
     assert ChatRenderer(hf, MEDIA_TOKENS).eos_text == "<|im_end|>"
+
+
+def test_a_wave_of_threads_compiles_the_template_once(monkeypatch):
+    """A server's first requests render on many threads at once: the checkpoint's template compiles once, and every
+    thread gets the same text (a compile per thread costs tens of milliseconds each, under the import lock)."""
+    import threading
+
+    from mm_infer.prompt import tokenizer as tokenizer_module
+
+    fresh = Tokenizer.from_pretrained(CKPT)
+    compiles = []
+    real = tokenizer_module._compile_template
+
+    def slow_compile(source):
+        compiles.append(source)
+        threading.Event().wait(0.05)  # long enough for every thread to arrive while the first compiles
+        return real(source)
+
+    monkeypatch.setattr(tokenizer_module, "_compile_template", slow_compile)
+    messages = [{"role": "user", "content": "hi"}]
+    texts: list[str] = []
+    threads = [threading.Thread(target=lambda: texts.append(fresh.apply_chat_template(messages, tokenize=False)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(compiles) == 1 and len(texts) == 8 and len(set(texts)) == 1
