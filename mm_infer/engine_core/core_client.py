@@ -160,7 +160,8 @@ class CoreClient:
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "out":
-            for out in message[1]:
+            for packed in message[1]:
+                out = wire.unpack_output(packed)
                 self._deliver(out.request_id, out, out.finished)
         elif kind == "stats":
             self.stats = message[1]

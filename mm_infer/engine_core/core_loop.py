@@ -108,11 +108,11 @@ class CoreLoop:
         raise RuntimeError(message)  # tests: an engine-side failure reaches the caller as an error
 
     # the loop
-    def _outputs(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+    def _outputs(self, outputs: list[RequestOutput]) -> list[tuple]:
         slim = []
         for out in outputs:
             sent = out.request_id in self._prompt_sent
-            slim.append(wire.lighten(out, sent))
+            slim.append(wire.pack_output(out, sent))
             if out.finished:
                 self._prompt_sent.discard(out.request_id)
             elif out.prompt_logprobs is not None:

@@ -7,13 +7,13 @@ import itertools
 import os
 import pickle
 import tempfile
-from dataclasses import replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 SHM_MIN_BYTES = 64 << 10  # tensors at least this big (media frames, refit buckets) travel as shared-memory files
 _SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -103,9 +103,24 @@ def portable_error(exc: BaseException) -> BaseException:
     return plain
 
 
-def lighten(out: RequestOutput, prompt_sent: bool) -> RequestOutput:
-    """The output without what the server already holds: its prompt ids and text, and prompt logprobs once sent."""
-    slim = replace(out, prompt=None, prompt_token_ids=[])
-    if prompt_sent:
-        slim.prompt_logprobs = slim.prompt_top_logprobs = slim.prompt_ranks = None
-    return slim
+_COMPLETION_FIELDS = tuple(f.name for f in fields(CompletionOutput))
+
+
+def pack_output(out: RequestOutput, prompt_sent: bool) -> tuple:
+    """The output as plain tuples, without what the server already holds (its prompt ids and text, and its prompt
+    logprobs once sent). Pickling tuples of builtins is ~5x cheaper than the dataclasses, and the core is the
+    process that pays: ~0.2 ms a step at 32 outputs before."""
+    m = out.metrics
+    prompt_lps = (None, None, None) if prompt_sent else (out.prompt_logprobs, out.prompt_top_logprobs,
+                                                          out.prompt_ranks)
+    samples = [tuple(getattr(c, name) for name in _COMPLETION_FIELDS) for c in out.outputs]
+    return (out.request_id, out.finished, out.num_cached_tokens, out.error, out.extra or None, *prompt_lps,
+            None if m is None else (m.arrival_time, m.first_token_time, m.finished_time), samples)
+
+
+def unpack_output(packed: tuple) -> RequestOutput:
+    """`pack_output`'s tuple -> the RequestOutput (prompt=None, no prompt ids: the server puts its own back)."""
+    rid, finished, cached, error, extra, prompt_lps, prompt_tops, prompt_ranks, metrics, samples = packed
+    return RequestOutput(rid, None, [], [CompletionOutput(*c) for c in samples], finished, prompt_lps, prompt_tops,
+                         prompt_ranks, None if metrics is None else RequestMetrics(*metrics), cached, extra or {},
+                         error)

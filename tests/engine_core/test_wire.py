@@ -54,3 +54,25 @@ def test_cuda_tensors_are_refused():
         t = torch.empty(4, device="cuda")
     with pytest.raises(TypeError, match="only CPU tensors"):
         wire.dumps(("add", t))
+
+
+def test_outputs_cross_as_tuples_and_come_back_whole_but_the_prompt():
+    """Every field of a two-sample output survives pack, pickle and unpack, but the prompt text and ids (the
+    server holds them); prompt logprobs travel until sent once. A field dropped or shifted by one would show."""
+    import pickle
+
+    from mm_infer.engine.errors import RequestError
+    from mm_infer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+    samples = [CompletionOutput(0, " a", [5, 6], [-0.5, -1.5], None, None, [{5: -0.5}, {6: -1.5}], -2.0),
+               CompletionOutput(1, "b", [7], [-0.25], "stop", 9, None, -0.25)]
+    out = RequestOutput("r-1", "the prompt", [1, 2, 3], samples, False, [None, -1.0, -2.0], None, [None, 1, 3],
+                        RequestMetrics(1.0, 2.0, None), 16, {"routed": 1}, RequestError(500, "boom"))
+    back = wire.unpack_output(pickle.loads(pickle.dumps(wire.pack_output(out, prompt_sent=False), protocol=5)))
+    assert back.prompt is None and back.prompt_token_ids == []
+    for name in ("request_id", "outputs", "finished", "prompt_logprobs", "prompt_top_logprobs", "prompt_ranks",
+                 "metrics", "num_cached_tokens", "extra"):
+        assert getattr(back, name) == getattr(out, name), name
+    assert (back.error.message, back.error.status) == ("boom", 500)
+    again = wire.unpack_output(wire.pack_output(out, prompt_sent=True))
+    assert again.prompt_logprobs is None and again.prompt_ranks is None and again.outputs == samples
