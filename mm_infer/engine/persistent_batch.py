@@ -14,6 +14,11 @@ from mm_infer.engine.sequence import Sequence, SequenceStatus
 SAMPLING_COLUMNS = ("temperature", "top_p", "min_p")
 
 
+def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A host list (of numbers, or of equal-length lists) as a tensor on `device`: one copy, not waited for."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 @dataclass
 class _Row:
     index: int
@@ -100,4 +105,4 @@ class PersistentBatch:
             self.entries_written += len(entries)
 
     def _to_device(self, values: list, dtype: torch.dtype) -> Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        return host_to_device(values, dtype, self.device)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mm_infer.engine.persistent_batch import SAMPLING_COLUMNS, PersistentBatch
+from mm_infer.engine.persistent_batch import SAMPLING_COLUMNS, PersistentBatch, host_to_device
 from mm_infer.engine.random_draws import seed_to_int64
 from mm_infer.engine.sequence import Sequence
 
@@ -65,7 +65,7 @@ class SamplingBatch:
         return self.tensor(rows, torch.long)
 
     def tensor(self, values: list, dtype: torch.dtype) -> Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        return host_to_device(values, dtype, self.device)
 
     def _in_store(self, rows: list[int]) -> Tensor:
         """[len(rows)] long: those rows' rows in the persistent batch (rows are sorted and distinct)."""
