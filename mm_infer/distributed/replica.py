@@ -16,6 +16,7 @@ from mm_infer.distributed.coalesce import latest_only
 from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.host_allocator import keep_step_memory
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.sleep import SleepState, sleep, wake_up
@@ -44,6 +45,7 @@ class EngineReplica:
 
     def __init__(self, index: int, model_dir: str, options: dict[str, Any], pin_cpu: bool = False,
                  stream_interval_s: float = 0.02) -> None:
+        keep_step_memory()  # the actor's process is ours
         if pin_cpu:
             pin_process(index)
             torch.set_num_threads(1)

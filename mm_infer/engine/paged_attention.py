@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 import kernels.dispatch as K
-from mm_infer.models.attention import causal_attention
+from mm_infer.models.attention import causal_attention_batch
 
 # Decode keys are padded to a multiple of this (rounded up to whole blocks): the padded length is a function of
 # the sequence alone, so grouping sequences of one bucket into one bmm cannot change any sequence's numbers.
@@ -115,10 +115,31 @@ class PagedAttentionContext:
             K.paged_prefill(q, k_layer, v_layer, p.tables, p.q_starts, p.q_lens, p.ctx_lens, self.cache.block_size,
                             p.max_q, out=out)
         elif self.spans:
-            keys = k_layer.index_select(1, self.ctx_slots).transpose(0, 1)  # [T, Hkv, d]
-            values = v_layer.index_select(1, self.ctx_slots).transpose(0, 1)
-            for s in self.spans:
-                ctx = slice(s.ctx_start, s.ctx_start + s.ctx_len)
-                out[s.q_start:s.q_start + s.q_len] = causal_attention(q[s.q_start:s.q_start + s.q_len], keys[ctx],
-                                                                      values[ctx])
+            self._attend_spans(q, k_layer, v_layer, out)
         return out
+
+    def _attend_spans(self, q: Tensor, k_layer: Tensor, v_layer: Tensor, out: Tensor) -> None:
+        """Causal attention of the multi-token chunks, one batch per run of adjacent chunks of one shape."""
+        keys = k_layer.index_select(1, self.ctx_slots).transpose(0, 1)  # [T, Hkv, d]
+        values = v_layer.index_select(1, self.ctx_slots).transpose(0, 1)
+        for first, count in span_runs(self.spans):
+            s = self.spans[first]
+            rows = slice(s.q_start, s.q_start + count * s.q_len)
+            ctx = slice(s.ctx_start, s.ctx_start + count * s.ctx_len)
+            q_run = q[rows].view(count, s.q_len, *q.shape[1:])  # [n, Lq, Hq, d]
+            k_run, v_run = (x[ctx].view(count, s.ctx_len, *x.shape[1:]) for x in (keys, values))  # [n, Lk, Hkv, d]
+            out[rows] = causal_attention_batch(q_run, k_run, v_run).reshape(count * s.q_len, *q.shape[1:])
+
+
+def span_runs(spans: list[SeqSpan]) -> list[tuple[int, int]]:
+    """(first index, count) of each maximal run of spans of one (q_len, ctx_len) whose queries and contexts follow
+    each other directly, so that the run is one view of the flat batch and of the gathered keys."""
+    runs: list[tuple[int, int]] = []
+    for i, s in enumerate(spans):
+        prev = spans[i - 1] if i else None
+        if runs and prev is not None and (s.q_len, s.ctx_len) == (prev.q_len, prev.ctx_len) and \
+                s.q_start == prev.q_start + prev.q_len and s.ctx_start == prev.ctx_start + prev.ctx_len:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs

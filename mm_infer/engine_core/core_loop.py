@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.host_allocator import keep_step_memory
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sleep import sleep, wake_up
 from mm_infer.engine.weight_receiver import WeightReceiver
@@ -157,6 +158,7 @@ class CoreLoop:
 
 def core_main(conn: Connection, model_dir: str, options: dict[str, Any]) -> None:
     """The core process's entry point: build the engine, say it is ready (or why it is not), serve."""
+    keep_step_memory()
     try:
         engine = LLMEngine.from_options(model_dir, **options)
     except BaseException as exc:
