@@ -73,8 +73,9 @@ def apply_penalties(x: Tensor, batch: SamplingBatch) -> None:
 
 
 def apply_temperature(x: Tensor, batch: SamplingBatch) -> None:
-    rows = batch.sampled_rows
-    if batch.all_sampled:  # every row samples: divide in place, no gather and scatter
+    """Sampled rows divided by their temperature; rows at temperature 1 are left alone (x / 1 is x, bit for bit)."""
+    rows = batch.scaled_rows
+    if len(rows) == len(batch.seqs):  # every row scales: divide in place, no gather and scatter
         x.div_(batch.per_row(rows, "temperature")[:, None])
     elif rows:
         idx = batch.index(rows)

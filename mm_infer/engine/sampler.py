@@ -67,11 +67,15 @@ def _nonfinite_rows(raw_ok: Tensor, processed: Tensor) -> Tensor:
     return torch.where(raw_ok, broken.long() * PROCESSED_NONFINITE, RAW_NONFINITE)
 
 
-def _draw(processed: Tensor, batch: SamplingBatch) -> Tensor:
-    """Inverse-CDF draw per sampled row from its (seed, step) uniform: [R] token ids."""
+def _draw(processed: Tensor, batch: SamplingBatch, consume: bool = False) -> Tensor:
+    """Inverse-CDF draw per sampled row from its (seed, step) uniform: [R] token ids. `consume`: `processed` is
+    not read afterwards, so the scan may run in its memory (the same bits, two full-vocabulary buffers fewer)."""
     rows = batch.sampled_rows
     picked = processed if batch.all_sampled else processed[batch.index(rows)]  # [R, V]
-    cdf = torch.cumsum(picked.exp(), dim=-1)  # [R, V], row-wise scan
+    if consume or not batch.all_sampled:  # `picked` is ours: a gathered copy, or `processed` given away
+        cdf = picked.exp_().cumsum_(dim=-1)  # [R, V], row-wise scan
+    else:
+        cdf = torch.cumsum(picked.exp(), dim=-1)
     u = uniforms(*batch.seeds_and_steps(rows))  # [R]
     target = (1.0 - u)[:, None] * cdf[:, -1:]  # in (0, total]
     return torch.searchsorted(cdf, target)[:, 0].clamp_(max=cdf.shape[1] - 1)
@@ -119,7 +123,7 @@ class Sampler:
         need_processed = bool(batch.sampled_rows or batch.processed_rows)
         processed = torch.log_softmax(x, dim=-1) if need_processed else raw  # [S, V]
         if batch.all_sampled:  # every row draws: no greedy argmax to keep
-            tokens = _draw(processed, batch)  # [S]
+            tokens = _draw(processed, batch, consume=need_processed and not batch.processed_rows)  # [S]
         else:
             tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
             if batch.sampled_rows:

@@ -28,6 +28,7 @@ class SamplingBatch:
     seqs: list[Sequence]
     device: torch.device
     sampled_rows: list[int]  # temperature > 0
+    scaled_rows: list[int]  # sampled with temperature != 1 (dividing by 1 changes no bit: those rows skip it)
     top_k_rows: list[int]
     top_p_rows: list[int]
     min_p_rows: list[int]
@@ -45,6 +46,7 @@ class SamplingBatch:
         return SamplingBatch(
             seqs, device,
             sampled_rows=_rows([not p.greedy for p in ps]),
+            scaled_rows=_rows([not p.greedy and p.temperature != 1.0 for p in ps]),
             top_k_rows=_rows([not p.greedy and p.top_k > 0 for p in ps]),
             top_p_rows=_rows([not p.greedy and p.top_p < 1.0 for p in ps]),
             min_p_rows=_rows([not p.greedy and p.min_p > 0.0 for p in ps]),

@@ -10,7 +10,10 @@ from torch import Tensor, nn
 
 
 def quick_gelu(x: Tensor) -> Tensor:
-    return x * torch.sigmoid(1.702 * x)
+    """HF's `x * sigmoid(1.702 * x)`; without autograd in one buffer (products commute: the same bits)."""
+    if torch.is_grad_enabled():
+        return x * torch.sigmoid(1.702 * x)
+    return (1.702 * x).sigmoid_().mul_(x)
 
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
