@@ -41,19 +41,29 @@ class SampledTokens:
     nonfinite: Tensor  # [S] long: 0, RAW_NONFINITE or PROCESSED_NONFINITE
 
     def readback(self) -> SampleResult:
-        """The one host sync of a step: every number packed into one float64 tensor (exact for ids and float32)."""
-        s, k = self.top_values.shape
-        packed = torch.cat([self.nonfinite.double(), self.token_ids.double(), self.logprobs.double(),
-                            self.top_ids.double().reshape(-1), self.top_values.double().reshape(-1)]).tolist()
-        bad, packed = [int(b) for b in packed[:s]], packed[s:]
-        ids, lps = [int(t) for t in packed[:s]], packed[s:2 * s]
-        top_ids, top_values = packed[2 * s:2 * s + s * k], packed[2 * s + s * k:]
+        """The one host sync of a step (packed on accelerators; on the CPU there is no sync to save)."""
+        k = self.top_values.shape[1]
+        bad, ids, lps, top_ids, top_values = self.listed() if self.token_ids.device.type == "cpu" else self.packed()
         tops: list[dict[int, float] | None] = []
         for i, seq in enumerate(self.batch.seqs):
             want = seq.params.logprobs or 0
             row = slice(i * k, i * k + want)
             tops.append({int(t): v for t, v in zip(top_ids[row], top_values[row], strict=True)} if want else None)
         return SampleResult(ids, lps, tops, bad)
+
+    def listed(self) -> tuple[list, list, list, list, list]:
+        """nonfinite, token ids, logprobs, top ids, top values as lists, each tensor listed as it is."""
+        return (self.nonfinite.tolist(), self.token_ids.tolist(), self.logprobs.tolist(),
+                self.top_ids.reshape(-1).tolist(), self.top_values.reshape(-1).tolist())
+
+    def packed(self) -> tuple[list, list, list, list, list]:
+        """The same lists from one float64 tensor, one device-to-host copy (exact for ids and float32 values)."""
+        s, k = self.top_values.shape
+        packed = torch.cat([self.nonfinite.double(), self.token_ids.double(), self.logprobs.double(),
+                            self.top_ids.double().reshape(-1), self.top_values.double().reshape(-1)]).tolist()
+        bad, ids = [int(b) for b in packed[:s]], [int(t) for t in packed[s:2 * s]]
+        top_ids = [int(t) for t in packed[3 * s:3 * s + s * k]]
+        return bad, ids, packed[2 * s:3 * s], top_ids, packed[3 * s + s * k:]
 
 
 RAW_NONFINITE = 1

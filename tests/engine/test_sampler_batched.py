@@ -129,3 +129,28 @@ def test_same_seed_same_tokens_different_seed_different_tokens():
     draw = [Sampler([], [])(logits.clone(), [make_seq(s, [0], [], temperature=1.0)]).token_ids[0]
             for s in (5, 5, 6)]
     assert draw[0] == draw[1] != draw[2]
+
+
+def test_cpu_uniforms_equal_the_torch_steps():
+    # catches: the numpy path of the CPU rounding or shifting differently from the torch steps other devices run
+    # (a logical shift for the arithmetic one, a float64 scale, a lost sign bit of a negative seed)
+    from mm_infer.engine.random_draws import _hash
+
+    gen = torch.Generator().manual_seed(3)
+    seeds = torch.cat([torch.randint(-(1 << 62), 1 << 62, (500,), generator=gen), torch.tensor([0, -1, 1 << 62])])
+    steps = torch.cat([torch.randint(0, 1 << 40, (500,), generator=gen), torch.tensor([0, 0, (1 << 33) + 5])])
+    torch_path = (_hash(seeds, steps) >> 8).to(torch.float32) * (1.0 / (1 << 24))
+    got = uniforms(seeds, steps)
+    assert got.dtype == torch.float32 and torch.equal(got, torch_path)
+
+
+def test_cpu_readback_lists_what_the_packed_readback_gives():
+    # catches: the packed (accelerator) readback and the CPU one reading different slices: a top id taken for a
+    # logprob, a shifted row, a NaN flag lost
+    logits, seqs = batch_case(4)
+    logits[2, 3] = float("nan")  # a broken row: flagged in both
+    sampled = Sampler([], [1]).sample(logits, seqs)
+    for listed, packed in zip(sampled.listed(), sampled.packed(), strict=True):
+        assert len(listed) == len(packed)
+        assert all(a == b or (a != a and b != b) for a, b in zip(listed, packed, strict=True))  # NaN: both NaN
+    assert sampled.listed()[0][2] != 0 and len(sampled.listed()[3]) == len(seqs) * 5
