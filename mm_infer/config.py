@@ -75,6 +75,7 @@ class EngineConfig:
     seed: int = 0
     weight_version: int = 0
     cpu_threads: int | None = None  # torch intra-op threads (process-wide); None leaves torch's setting
+    cpu_threads_heavy: int | None = None  # threads for heavy steps (step_threads.py); None: cpu_threads throughout
     # a request's tokens and logprobs identical alone or in any batch (CPU: pads GEMMs to 16 rows); costs speed
     batch_invariant: bool = False
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs (the static decode path still runs, eagerly)
@@ -87,7 +88,8 @@ class EngineConfig:
         """Build from flat keyword options (vLLM-style names), routing each to its concern."""
         groups: dict[type, dict[str, object]] = {CacheConfig: {}, SchedulerConfig: {}, MediaConfig: {}}
         top: dict[str, object] = {}
-        top_names = {"dtype", "device", "seed", "weight_version", "cpu_threads", "batch_invariant", "enforce_eager"}
+        top_names = {"dtype", "device", "seed", "weight_version", "cpu_threads", "cpu_threads_heavy", "batch_invariant",
+                     "enforce_eager"}
         for key, value in options.items():
             owner = next((cls for cls in groups if key in cls.__dataclass_fields__), None)
             if owner is not None:

@@ -25,6 +25,7 @@ from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
 from mm_infer.engine.sleep import EngineAsleepError, SleepState, note_refit
+from mm_infer.engine.step_threads import StepThreads
 from mm_infer.engine.stopping import check_stop
 from mm_infer.models import load_model
 from mm_infer.prompt.inputs import PromptInput
@@ -69,9 +70,11 @@ class LLMEngine:
 
     def _step_limits(self, config: EngineConfig, device: torch.device) -> StepLimits:
         """Static decode everywhere but under CPU batch invariance (whose length buckets keep rows independent)."""
+        cpu = device.type == "cpu"
+        heavy = config.cpu_threads_heavy if cpu and not config.batch_invariant else None  # invariance: one setting
         return StepLimits(self.runtime.max_model_len, config.scheduler.max_num_seqs,
                           static_decode=not (config.batch_invariant and device.type != "cuda"),
-                          capture=device.type == "cuda" and not config.enforce_eager)
+                          capture=device.type == "cuda" and not config.enforce_eager, threads=StepThreads(heavy))
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:

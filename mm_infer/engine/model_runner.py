@@ -15,6 +15,7 @@ from mm_infer.engine.encoder_cache import EncoderCache
 from mm_infer.engine.paged_attention import DecodeGroup, KVCache, PagedAttentionContext, PrefillTables
 from mm_infer.engine.persistent_batch import PersistentBatch
 from mm_infer.engine.scheduler import ScheduledChunk
+from mm_infer.engine.step_threads import StepThreads
 from mm_infer.media.packed import PackedTensor
 from mm_infer.models.language import DeepStack
 from mm_infer.models.moe import SparseMoE
@@ -35,6 +36,7 @@ class StepLimits:
     max_num_seqs: int
     static_decode: bool = True
     capture: bool = False
+    threads: StepThreads = StepThreads()
 
 
 @dataclass
@@ -77,6 +79,7 @@ class ModelRunner:
         self.graphs = DecodeGraphs(model, self.kv, num_kv_blocks, max_blocks, limits.max_num_seqs,
                                    limits.capture) if limits.static_decode else None
         self.block_size = block_size
+        self.threads = limits.threads
         self.encoder_cache = encoder_cache
         self.encoder_calls = 0  # media items run through the vision tower
         self.device = model.device
@@ -246,11 +249,12 @@ class ModelRunner:
         rows = self.batch.rows_of([c.seq for c in sample_chunks])  # [S]
         if self.graphs is not None and DecodeGraphs.accepts(plan, self.graphs.sizes[-1]):
             return StepOutput(sample_chunks, self.graphs.run(plan, self.batch.tables, rows), rows)
-        input_ids, positions, attn = self._inputs(plan)
-        embeds, deepstack = self._embed(plan, input_ids)
-        hidden = self.model.forward_hidden(embeds, positions, attn, deepstack)  # [Np, D]
-        picked = self._to_device(plan.sample_rows + plan.score_rows)
-        logits = self.model.compute_logits(_pad_rows(hidden[picked], self.min_rows))[:picked.shape[0]]  # [R, V] f32
+        with self.threads.for_plan(plan):
+            input_ids, positions, attn = self._inputs(plan)
+            embeds, deepstack = self._embed(plan, input_ids)
+            hidden = self.model.forward_hidden(embeds, positions, attn, deepstack)  # [Np, D]
+            picked = self._to_device(plan.sample_rows + plan.score_rows)
+            logits = self.model.compute_logits(_pad_rows(hidden[picked], self.min_rows))[:picked.shape[0]]  # [R, V]
         out = StepOutput(sample_chunks, logits[:len(plan.sample_rows)], rows)
         self._score_prompt(plan, logits, out)
         return out

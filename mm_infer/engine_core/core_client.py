@@ -54,11 +54,11 @@ class RemoteHold:
 def core_options(options: dict[str, Any]) -> dict[str, Any]:
     """The engine options the core runs with: unless told (`cpu_threads`, or OMP_NUM_THREADS), one core of this
     machine is left to the server process (as vLLM's CPU build keeps one for its front end), so torch's intra-op
-    threads are all but one."""
+    threads are all but one; heavy steps (an encode, a long prefill: step_threads.py) take every core."""
     if options.get("cpu_threads") or os.environ.get("OMP_NUM_THREADS"):
         return options
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return {**options, "cpu_threads": max(1, cores - 1)}
+    return {"cpu_threads_heavy": cores, **options, "cpu_threads": max(1, cores - 1)}
 
 
 @contextlib.contextmanager

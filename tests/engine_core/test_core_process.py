@@ -132,7 +132,9 @@ def test_the_core_runs_with_the_threads_given_and_openmp_workers_that_sleep(back
     cores = len(os.sched_getaffinity(0))
     if "OMP_NUM_THREADS" not in os.environ:
         assert core_options({})["cpu_threads"] == max(1, cores - 1)  # one core left to the server process
-    assert core_options({"cpu_threads": 3})["cpu_threads"] == 3
+        assert core_options({})["cpu_threads_heavy"] == cores  # but an encode or a long prefill takes them all
+        assert core_options({"cpu_threads_heavy": 1})["cpu_threads_heavy"] == 1
+    assert core_options({"cpu_threads": 3}) == {"cpu_threads": 3}
 
 
 def test_an_engine_side_error_in_a_call_reaches_the_caller(backend):
