@@ -10,7 +10,7 @@ import torch
 
 from mm_infer.engine.batch_plan import BatchPlan
 
-# A step with at least this many prompt tokens (or any media to encode) counts as heavy.
+# A step of at least this many tokens (or with media to embed) counts as heavy.
 HEAVY_STEP_TOKENS = 256
 
 
