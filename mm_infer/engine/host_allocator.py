@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -29,13 +28,9 @@ def keep_step_memory() -> bool:
     not glibc, opted out with MM_INFER_KEEP_MALLOC=1, or mallopt refused."""
     if os.environ.get(OPT_OUT) == "1":
         return False
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return False
     try:
-        libc = ctypes.CDLL(path)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):  # no mallopt (macOS): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and mallopt(M_TRIM_THRESHOLD,

@@ -133,7 +133,7 @@ class Sampler:
         need_processed = bool(batch.sampled_rows or batch.processed_rows)
         processed = torch.log_softmax(x, dim=-1) if need_processed else raw  # [S, V]
         if batch.all_sampled:  # every row draws: no greedy argmax to keep
-            tokens = _draw(processed, batch, consume=need_processed and not batch.processed_rows)  # [S]
+            tokens = _draw(processed, batch, consume=not batch.processed_rows)  # [S]; `processed` read no more
         else:
             tokens = torch.argmax(x, dim=-1)  # [S], greedy rows keep this
             if batch.sampled_rows:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mm_infer.models.attention import equal_runs
+
 
 def cu_seqlens_from_grid(grid: list[list[int]]) -> list[int]:
     """[F+1] boundaries (host ints), one segment per frame (h*w patches each): no cross-item attention."""
@@ -29,14 +31,8 @@ def per_segment_attention(q: Tensor, k: Tensor, v: Tensor, bounds: list[int]) ->
 
 def equal_length_runs(bounds: list[int]) -> list[tuple[int, int, int]]:
     """(start, length, count) of each maximal run of consecutive segments of one length (host ints)."""
-    runs: list[tuple[int, int, int]] = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if runs and runs[-1][1] == end - start:
-            s0, length, n = runs[-1]
-            runs[-1] = (s0, length, n + 1)
-        else:
-            runs.append((start, end - start, 1))
-    return runs
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [(bounds[first], lengths[first], count) for first, count in equal_runs(lengths)]
 
 
 def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: list[int]) -> Tensor | None:
