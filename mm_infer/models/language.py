@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from mm_infer.models.attention import AttentionContext
 from mm_infer.models.config import TextConfig
+from mm_infer.models.half_linear import Linear
 from mm_infer.models.layers import FusedLinear, GatedMLP, RMSNorm, apply_rotary, mrope_cos_sin, rope_inv_freq
 from mm_infer.models.moe import SparseMoE
 
@@ -28,7 +29,7 @@ class SelfAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = FusedLinear(cfg.hidden_size, (q, kv, kv), bias=cfg.attention_bias)  # HF's q/k/v_proj
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         qk = cfg.qk_norm  # Qwen3: per-head RMSNorm of q and k
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk else None

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mm_infer.models.half_linear import Linear
+
 
 def quick_gelu(x: Tensor) -> Tensor:
     """HF's `x * sigmoid(1.702 * x)`; without autograd in one buffer (products commute: the same bits)."""
@@ -44,7 +46,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class FusedLinear(nn.Linear):
+class FusedLinear(Linear):
     """Several projections of one input as one GEMM: output rows are the parts' rows back to back.
 
     The checkpoint keeps the parts as separate tensors (q/k/v, gate/up); the loader writes each into its rows.
@@ -68,7 +70,7 @@ class GatedMLP(nn.Module):
     def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = False) -> None:
         super().__init__()
         self.gate_up_proj = FusedLinear(dim, (hidden, hidden), bias=bias)
-        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self.down_proj = Linear(hidden, dim, bias=bias)
         self.act = activation(act)
 
     def forward(self, x: Tensor) -> Tensor:  # [N, D] -> [N, D]

@@ -8,12 +8,12 @@ from math import prod
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
 from mm_infer.models.config import ModelConfig, load_config
 from mm_infer.models.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError
 from mm_infer.models.qwen2_vl import QwenVLModel
+from mm_infer.models.safetensors_map import adjacent_span, map_file
 
 PATCH_EMBED = "visual.patch_embed.weight"
 EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")  # fused [E, out, in]; the hub stores [E, in, out]
@@ -58,7 +58,7 @@ def target_view(model: torch.nn.Module, params: Mapping[str, Tensor], name: str,
     return param.narrow(0, start, rows)
 
 
-def _fused_complete(model: torch.nn.Module, parts: dict[str, set[int]]) -> set[str]:
+def _fused_complete(model: torch.nn.Module, parts: Mapping[str, Mapping[int, Tensor | None]]) -> set[str]:
     return {name for name, got in parts.items()
             if len(got) == len(model.get_submodule(name.rpartition(".")[0]).part_sizes)}
 
@@ -105,13 +105,14 @@ def load_state_dict_into(
 
     strict=True additionally requires every parameter to be filled. Unknown names always raise, except
     lm_head.weight on a tied model (some tied checkpoints still store it). adopt=True (loading from memory-mapped
-    files) makes a whole parameter share a tensor already of its dtype, device and shape instead of copying it:
-    the file's pages are then read on first use, and a later in-place refit writes private copies of them.
+    files) makes a parameter share tensors already of its dtype, device and shape instead of copying them: a
+    whole tensor, or the parts of a fused parameter that lie back to back in one file (gate_proj, up_proj). The
+    file's pages are then read on first use, and a later in-place refit writes private copies of them.
     """
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     params = dict(model.named_parameters())
     filled: set[str] = set()
-    parts: dict[str, set[int]] = {}  # fused parameters: the parts filled so far
+    parts: dict[str, dict[int, Tensor | None]] = {}  # fused parameters: parts seen (adopt: their tensors)
     with torch.no_grad():
         for hf_name, tensor in items:
             target = hf_target(hf_name)
@@ -120,26 +121,49 @@ def load_state_dict_into(
             name, part = target
             if name not in params:
                 raise UnexpectedTensorError(f"checkpoint tensor {hf_name!r} maps to no parameter ({name!r})")
-            view = target_view(model, params, name, part)
-            how = _conversion(name, tuple(tensor.shape), tuple(view.shape))
-            if how is None:
-                raise ShapeMismatchError(
-                    f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(view.shape)}"
-                )
-            if how != "copy":
-                tensor = tensor.reshape(view.shape) if how == "flatten" else tensor.transpose(1, 2)
-            if adopt and part is None and _adoptable(tensor, view):
+            view, tensor = _fitted(model, params, hf_name, name, part, tensor)
+            if part is not None:  # adopt: filled once every part is in; else copied now (a refit keeps nothing)
+                if not adopt:
+                    view.copy_(tensor)
+                parts.setdefault(name, {})[part] = tensor if adopt else None
+                continue
+            if adopt and _adoptable(tensor, view):
                 view.data = tensor
             else:
                 view.copy_(tensor)  # one copy, converting dtype and device on the way
-            if part is None:
-                filled.add(name)
-            else:
-                parts.setdefault(name, set()).add(part)
+            filled.add(name)
+        if adopt:
+            _fill_fused(model, params, parts)
     filled |= _fused_complete(model, parts)
     if strict and (missing := _missing_names(model, set(params) - filled, parts)):
         raise MissingTensorError(f"checkpoint lacks tensors for {len(missing)} parameters, e.g. {missing[:5]}")
     return filled
+
+
+def _fitted(model: QwenVLModel, params: Mapping[str, Tensor], hf_name: str, name: str, part: int | None,
+            tensor: Tensor) -> tuple[Tensor, Tensor]:
+    """(the parameter or part view the tensor fills, the tensor reshaped to fit it); ShapeMismatchError if none."""
+    view = target_view(model, params, name, part)
+    how = _conversion(name, tuple(tensor.shape), tuple(view.shape))
+    if how is None:
+        raise ShapeMismatchError(f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(view.shape)}")
+    if how != "copy":
+        tensor = tensor.reshape(view.shape) if how == "flatten" else tensor.transpose(1, 2)
+    return view, tensor
+
+
+def _fill_fused(model: QwenVLModel, params: Mapping[str, Tensor],
+                parts: Mapping[str, Mapping[int, Tensor | None]]) -> None:
+    """Each fused parameter shares its parts' storage when they lie back to back in part order, else copies them."""
+    for name, got in parts.items():
+        sizes = model.get_submodule(name.rpartition(".")[0]).part_sizes
+        param = params[name]
+        span = adjacent_span([got[i] for i in range(len(sizes))]) if len(got) == len(sizes) else None
+        if span is not None and _adoptable(span, param):
+            param.data = span
+            continue
+        for part, tensor in got.items():
+            target_view(model, params, name, part).copy_(tensor)
 
 
 def _adoptable(tensor: Tensor, param: Tensor) -> bool:
@@ -147,7 +171,8 @@ def _adoptable(tensor: Tensor, param: Tensor) -> bool:
             and tensor.is_contiguous())
 
 
-def _missing_names(model: torch.nn.Module, unfilled: set[str], parts: dict[str, set[int]]) -> list[str]:
+def _missing_names(model: torch.nn.Module, unfilled: set[str],
+                   parts: Mapping[str, Mapping[int, Tensor | None]]) -> list[str]:
     """Unfilled parameters by the names a checkpoint would use: fused ones as their missing parts."""
     by_part = {(fused, part): hf for hf, (fused, part) in FUSED_PARTS.items()}
     names = []
@@ -158,7 +183,7 @@ def _missing_names(model: torch.nn.Module, unfilled: set[str], parts: dict[str, 
         if sizes is None:
             names.append(name)
             continue
-        got = parts.get(name, set())
+        got = parts.get(name, {})
         names += [f"{parent}.{by_part[(module, i)]}.{leaf}" for i in range(len(sizes)) if i not in got]
     return names
 
@@ -168,9 +193,7 @@ def iter_safetensors(model_dir: str | Path) -> Iterable[tuple[str, Tensor]]:
     if not files:
         raise MissingTensorError(f"no *.safetensors files in {model_dir}")
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                yield key, f.get_tensor(key)
+        yield from map_file(path)
 
 
 def materialize(model: torch.nn.Module, dtype: torch.dtype, device: str | torch.device) -> None:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_infer.models.config import MoEConfig
+from mm_infer.models.half_linear import Linear, linear
 from mm_infer.models.layers import activation
 
 
@@ -24,7 +25,7 @@ def grouped_linear(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
         offs = counts.cumsum(0).to(torch.int32)  # [E] group ends, stays on the device
         return F.grouped_mm(x, w.transpose(1, 2), offs=offs)
     parts = x.split(counts.tolist())  # fallback: one host sync for the group sizes
-    return torch.cat([F.linear(part, w[e]) for e, part in enumerate(parts)])
+    return torch.cat([linear(part, w[e]) for e, part in enumerate(parts)])
 
 
 class Experts(nn.Module):
@@ -53,8 +54,8 @@ class Experts(nn.Module):
             if part.shape[0] == 0:
                 continue
             padded = torch.cat([part, part.new_zeros(max(min_rows - part.shape[0], 0), part.shape[1])])
-            gate, up = F.linear(padded, self.gate_up_proj[e]).chunk(2, dim=-1)  # [max(n_e, min_rows), I] each
-            out.append(F.linear(self.act(gate) * up, self.down_proj[e])[:part.shape[0]])
+            gate, up = linear(padded, self.gate_up_proj[e]).chunk(2, dim=-1)  # [max(n_e, min_rows), I] each
+            out.append(linear(self.act(gate) * up, self.down_proj[e])[:part.shape[0]])
         return torch.cat(out) if out else torch.zeros_like(x)
 
 
@@ -65,12 +66,12 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.top_k, self.num_experts = cfg.top_k, cfg.num_experts
         self.min_group_rows = 0  # > 0 (the engine's CPU batch_invariant): experts run as padded per-expert GEMMs
-        self.gate = nn.Linear(hidden, cfg.num_experts, bias=False)  # the router
+        self.gate = Linear(hidden, cfg.num_experts, bias=False)  # the router
         self.experts = Experts(cfg.num_experts, hidden, cfg.intermediate_size, act)
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [N, H] -> (weights [N, k] in x's dtype, expert ids [N, k])."""
-        probs = F.softmax(F.linear(x, self.gate.weight), dim=-1, dtype=torch.float)  # [N, E]
+        probs = F.softmax(linear(x, self.gate.weight), dim=-1, dtype=torch.float)  # [N, E]
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
         return (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype), experts
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.models.attention import AttentionContext, DenseAttentionContext
 from mm_infer.models.config import ModelConfig
+from mm_infer.models.half_linear import Linear, linear
 from mm_infer.models.language import DeepStack, TextModel
 from mm_infer.models.vision import Qwen2VisionTower
 from mm_infer.models.vision_qwen3 import Qwen3VisionTower
@@ -40,7 +40,7 @@ class QwenVLModel(nn.Module):
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else nn.Linear(config.text.hidden_size, config.text.vocab_size, bias=False)
+            else Linear(config.text.hidden_size, config.text.vocab_size, bias=False)
         )
 
     @property
@@ -93,7 +93,7 @@ class QwenVLModel(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, D] -> float32 logits [N, V] (tied head reuses the embedding matrix)."""
         weight = self.language.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()
 
     def forward(
         self,

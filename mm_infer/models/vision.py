@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from kernels import dispatch as K
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.models.config import VisionConfig
+from mm_infer.models.half_linear import Linear
 from mm_infer.models.layers import activation
 from mm_infer.models.vision_ops import cu_seqlens_from_grid, varlen_attention
 
@@ -40,8 +41,8 @@ class VisionAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=True)
-        self.proj = nn.Linear(dim, dim, bias=True)
+        self.qkv = Linear(dim, 3 * dim, bias=True)
+        self.proj = Linear(dim, dim, bias=True)
 
     def forward(self, x: Tensor, cu_seqlens: list[int], cos: Tensor, sin: Tensor) -> Tensor:  # [P, D]
         p = x.shape[0]
@@ -54,8 +55,8 @@ class VisionAttention(nn.Module):
 class VisionMLP(nn.Module):
     def __init__(self, dim: int, hidden: int, act: str) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = Linear(dim, hidden)
+        self.fc2 = Linear(hidden, dim)
         self.act = activation(act)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -85,7 +86,7 @@ class PatchMerger(nn.Module):
         self.merge, self.postshuffle = merge, postshuffle
         self.ln_q = ln_q
         hidden = embed_dim * merge * merge
-        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
+        self.mlp = nn.Sequential(Linear(hidden, hidden), nn.GELU(), Linear(hidden, out_dim))
 
     def forward(self, x: Tensor) -> Tensor:  # [P, E] -> [P/merge^2, out_dim]
         if self.postshuffle:

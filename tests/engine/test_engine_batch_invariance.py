@@ -59,3 +59,18 @@ def test_n_samples_seeded_distinct_and_reproducible(cold_llm):
     assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
     assert len({tuple(o.token_ids) for o in a.outputs}) > 1
     assert [o.index for o in a.outputs] == [0, 1, 2, 3]
+
+
+def test_bfloat16_alone_equals_inside_batch():
+    """In bf16 every GEMM of >= 16 rows goes through float32 tiles (models/half_linear.py): the padding keeps it so,
+    and the tiles do not depend on the row count, so the guarantee holds in half types too."""
+    threads = torch.get_num_threads()
+    llm = LLM(str(CKPT), dtype="bfloat16", batch_invariant=True, num_kv_blocks=512, enable_prefix_caching=False,
+              encoder_cache_items=1, cpu_threads=1)
+    prompts, params = _batch()  # 32 decode rows together, 16 (padded) alone
+    batched = llm.generate(prompts, params, use_tqdm=False)
+    for i in (0, 1, 5, 30):
+        alone = llm.generate([prompts[i]], params[i], use_tqdm=False)[0].outputs[0]
+        assert alone.token_ids == batched[i].outputs[0].token_ids, f"request {i}: tokens depend on the batch"
+        assert alone.logprobs == batched[i].outputs[0].logprobs, f"request {i}: logprobs depend on the batch"
+    torch.set_num_threads(threads)

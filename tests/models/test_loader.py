@@ -175,13 +175,56 @@ def test_fused_projections_refit_by_hf_name_touch_only_their_rows(kind, ours):
 
 
 def test_load_adopts_matching_file_tensors_without_copying(kind):
-    # catches: a load that copies every tensor (startup time) or adopts a fused part (it must be copied in)
+    # catches: a load that copies every tensor (startup time), or a fused parameter adopted from parts that do not
+    # lie back to back in part order (q/k/v: k_proj comes first in the file, o_proj between)
     tensors = dict(iter_safetensors(CHECKPOINTS[kind]))
     model, _ = load_model(CHECKPOINTS[kind])
     load_state_dict_into(model, tensors, strict=True, adopt=True)
     embed = next(n for n in tensors if n.endswith("embed_tokens.weight"))
     q = next(n for n in tensors if n.endswith("layers.0.self_attn.q_proj.weight"))
+    gate = next(n for n in tensors if n.endswith("layers.0.mlp.gate_proj.weight"))
+    up = gate.replace("gate_proj", "up_proj")
     params = dict(model.named_parameters())
     assert params[hf_to_internal(embed)].data_ptr() == tensors[embed].data_ptr()
     assert params[hf_to_internal(q)].data_ptr() != tensors[q].data_ptr()
     assert torch.equal(params[hf_to_internal(q)][:tensors[q].shape[0]], tensors[q])
+    gate_up = params[hf_to_internal(gate)]
+    assert gate_up.data_ptr() == tensors[gate].data_ptr()  # gate_proj then up_proj in the file: one span, no copy
+    assert torch.equal(gate_up, torch.cat([tensors[gate], tensors[up]]))
+
+
+def test_mapped_tensors_equal_safetensors_and_refits_leave_the_file(tmp_path, kind):
+    # catches: a wrong offset or dtype in the mapped reader, or a shared (MAP_SHARED) map that writes refits back
+    src = copy_checkpoint(CHECKPOINTS[kind], tmp_path / "ckpt")
+    reference = load_file(str(src / "model.safetensors"))
+    mapped = dict(iter_safetensors(src))
+    assert mapped.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert mapped[name].dtype == tensor.dtype and torch.equal(mapped[name], tensor), name
+    before = (src / "model.safetensors").read_bytes()
+    model, _ = load_model(src)
+    gate = next(n for n in reference if n.endswith("layers.0.mlp.gate_proj.weight"))
+    load_state_dict_into(model, [(gate, torch.full_like(reference[gate], 5.0))])  # refit into the adopted span
+    assert (dict(model.named_parameters())[hf_to_internal(gate)][:reference[gate].shape[0]] == 5.0).all()
+    assert (src / "model.safetensors").read_bytes() == before
+
+
+def test_adjacent_span_needs_back_to_back_parts():
+    from mm_infer.models.safetensors_map import adjacent_span
+
+    base = torch.arange(24.0)
+    a, b, c = base[0:6].view(2, 3), base[6:12].view(2, 3), base[15:21].view(2, 3)
+    span = adjacent_span([a, b])
+    assert span is not None and span.data_ptr() == a.data_ptr() and torch.equal(span, base[:12].view(4, 3))
+    assert adjacent_span([b, a]) is None  # wrong order
+    assert adjacent_span([a, c]) is None  # a gap
+    assert adjacent_span([a, torch.arange(6.0, 12.0).view(2, 3)]) is None  # another storage
+    assert adjacent_span([a, base[6:12].view(3, 2)]) is None  # another row width
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    src = copy_checkpoint(CHECKPOINTS["qwen2_vl"], tmp_path / "ckpt")
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(data[: len(data) - 64])
+    with pytest.raises(MissingTensorError, match="past the file"):
+        list(iter_safetensors(src))

@@ -1,0 +1,69 @@
+"""Linear layers for bfloat16/float16 weights on the CPU: float32 tiles through sgemm once a batch has rows enough.
+
+torch's CPU GEMM for half types without native hardware support (AVX2, AVX-512 without bf16) costs about one
+vector pass over the weight per row: a 16-row decode step reads the weight 16 times. Upcasting the weight tile by
+tile into a float32 buffer that stays in cache, then one sgemm per tile, reads the weight once. The products of
+half inputs are exact in float32 and the sums accumulate in float32 before one rounding to the output type, as
+torch's own half GEMM does; only the order of the float32 sums differs (no exactness contract covers half types:
+DESIGN.md's are in float32). Single rows keep torch's half GEMV, which reads the weight at memory speed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+HALF_TYPES = (torch.bfloat16, torch.float16)
+UPCAST_MIN_ROWS = 8  # below this torch's half GEMV is faster (scripts/bench_half_linear.py)
+TILE_ELEMENTS = 1 << 19  # float32 weight elements per tile: 2 MiB, cache-resident beside the activations
+
+
+def upcasts(x: Tensor, weight: Tensor) -> bool:
+    """Whether linear(x, weight) takes the float32-tile path: inference on CPU, half weight, enough rows."""
+    return (weight.dtype in HALF_TYPES and weight.device.type == "cpu" and x.device.type == "cpu"
+            and x.dtype == weight.dtype and x.dim() >= 2 and x.numel() >= UPCAST_MIN_ROWS * x.shape[-1]
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
+def tile_rows(in_features: int) -> int:
+    """Weight rows per float32 tile: TILE_ELEMENTS worth, at least 8."""
+    return max(8, TILE_ELEMENTS // max(in_features, 1))
+
+
+def upcast_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias [N]) with float32 sums, rounded once to x's dtype -> [..., N].
+
+    Each tile computes its block of out.T (tile [t, K] @ rows.T -> [t, M], rows of a contiguous buffer): faster
+    here than writing column blocks of out, and a row's values do not depend on M from 12 rows up (M >= 16 under
+    batch_invariant).
+    """
+    n, k = weight.shape
+    rows = x.reshape(-1, k).float()  # [M, K]
+    out_t = torch.empty(n, rows.shape[0], dtype=torch.float32)  # [N, M]
+    step = tile_rows(k)
+    tile = torch.empty(min(step, n), k, dtype=torch.float32)  # [T, K], refilled per tile
+    for start in range(0, n, step):
+        part = weight[start:start + step]  # [t, K] half
+        dst = tile[:part.shape[0]]
+        dst.copy_(part)
+        torch.mm(dst, rows.t(), out=out_t[start:start + part.shape[0]])  # [t, M]
+    if bias is not None:
+        out_t += bias.float()[:, None]
+    out = torch.empty(rows.shape[0], n, dtype=x.dtype)  # [M, N]
+    out.copy_(out_t.t())  # the one rounding
+    return out.view(*x.shape[:-1], n)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear, with half weights on the CPU going through float32 tiles at >= UPCAST_MIN_ROWS rows."""
+    if upcasts(x, weight):
+        return upcast_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names) whose forward is `linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., in] -> [..., out]
+        return linear(x, self.weight, self.bias)

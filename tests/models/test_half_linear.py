@@ -1,0 +1,93 @@
+"""Half-type linear layers on the CPU: float32 tiles give torch's half GEMM maths (float32 sums, one rounding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mm_infer.models import half_linear
+from mm_infer.models.half_linear import Linear, linear, upcast_linear
+
+
+def _operands(dtype: torch.dtype, rows: int, k: int, n: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype)
+    return x, w, b
+
+
+def _float64_rounded(x, w, b):
+    """The exact sum (float64 holds every half product and these sums), rounded once to the half type."""
+    out = x.double() @ w.double().t() + (0 if b is None else b.double())
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_tiles_round_the_float32_sum_once(monkeypatch, dtype, with_bias):
+    # small tiles: 37 output features over tiles of 8 rows leave a partial last tile
+    monkeypatch.setattr(half_linear, "TILE_ELEMENTS", 8 * 24)
+    x, w, b = _operands(dtype, rows=19, k=24, n=37)
+    bias = b if with_bias else None
+    ours = upcast_linear(x, w, bias)
+    assert ours.dtype == dtype and ours.shape == (19, 37)
+    exact = _float64_rounded(x, w, bias)
+    # float32 sums of 24 terms round like the exact sum but for rare half-way cases: one ulp at most
+    ulp = torch.finfo(dtype).eps * exact.float().abs().clamp_min(1e-3)
+    assert ((ours.float() - exact.float()).abs() <= ulp).all()
+    assert (ours == exact).float().mean() > 0.97
+    torch.testing.assert_close(ours, F.linear(x, w, bias))
+
+
+def test_every_tile_is_written(monkeypatch):
+    """A missed or shifted tile leaves uninitialised or wrong columns; each column is checked."""
+    monkeypatch.setattr(half_linear, "TILE_ELEMENTS", 8 * 16)
+    x, w, _ = _operands(torch.bfloat16, rows=9, k=16, n=45, seed=3)
+    ours = upcast_linear(x, w).float()
+    ref = x.float() @ w.float().t()
+    assert torch.allclose(ours, ref, rtol=1e-2, atol=1e-2), (ours - ref).abs().max(dim=0)
+
+
+def test_leading_dimensions_kept():
+    x, w, b = _operands(torch.bfloat16, rows=24, k=16, n=12)
+    out = upcast_linear(x.view(2, 12, 16), w, b)
+    assert out.shape == (2, 12, 12)
+    assert torch.equal(out.view(24, 12), upcast_linear(x, w, b))
+
+
+def test_rows_do_not_depend_on_the_batch():
+    """batch_invariant pads every batch to 16 rows: a row alone (padded) equals the same row among 64."""
+    x, w, b = _operands(torch.bfloat16, rows=64, k=96, n=200, seed=1)
+    batch = upcast_linear(x, w, b)
+    for i in (0, 17, 63):
+        alone = torch.cat([x[i:i + 1], x.new_zeros(15, 96)])
+        assert torch.equal(upcast_linear(alone, w, b)[0], batch[i]), f"row {i}"
+
+
+def test_dispatch(monkeypatch):
+    calls = []
+    real = half_linear.upcast_linear
+    monkeypatch.setattr(half_linear, "upcast_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    x, w, b = _operands(torch.bfloat16, rows=16, k=8, n=8)
+    with torch.inference_mode():
+        linear(x, w, b)  # half, CPU, enough rows: tiles
+        assert calls == [(16, 8)]
+        few = x[: half_linear.UPCAST_MIN_ROWS - 1]
+        assert torch.equal(linear(few, w, b), F.linear(few, w, b))  # few rows: torch's half GEMV, bit for bit
+        x32, w32 = x.float(), w.float()
+        assert torch.equal(linear(x32, w32), F.linear(x32, w32))  # float32: untouched
+    assert calls == [(16, 8)]
+    trained = w.clone().requires_grad_(True)
+    out = linear(x, trained)  # autograd: torch's op, so gradients flow
+    out.float().sum().backward()
+    assert trained.grad is not None and calls == [(16, 8)]
+
+
+def test_linear_module_keeps_names_and_dispatches(monkeypatch):
+    layer = Linear(8, 4, bias=True).to(torch.bfloat16)
+    assert set(dict(layer.named_parameters())) == {"weight", "bias"}
+    x = torch.randn(32, 8).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), upcast_linear(x, layer.weight, layer.bias))
