@@ -34,24 +34,26 @@ def tile_rows(in_features: int) -> int:
 def upcast_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) with float32 sums, rounded once to x's dtype -> [..., N].
 
-    Each tile computes its block of out.T (tile [t, K] @ rows.T -> [t, M], rows of a contiguous buffer): faster
-    here than writing column blocks of out, and a row's values do not depend on M from 12 rows up (M >= 16 under
-    batch_invariant).
+    Each tile computes its block of out.T (tile [t, K] @ rows.T -> [t, M] in a float32 buffer), adds its bias and
+    is rounded into out's columns: faster here than sgemm writing column blocks of out, no float32 copy of the
+    whole output (prompt logprobs over a 152k vocabulary), and a row's values do not depend on M from 12 rows up
+    (M >= 16 under batch_invariant).
     """
     n, k = weight.shape
     rows = x.reshape(-1, k).float()  # [M, K]
-    out_t = torch.empty(n, rows.shape[0], dtype=torch.float32)  # [N, M]
+    out = torch.empty(rows.shape[0], n, dtype=x.dtype)  # [M, N]
     step = tile_rows(k)
     tile = torch.empty(min(step, n), k, dtype=torch.float32)  # [T, K], refilled per tile
+    acc = torch.empty(min(step, n), rows.shape[0], dtype=torch.float32)  # [T, M]
+    bias32 = None if bias is None else bias.float()  # [N]
     for start in range(0, n, step):
         part = weight[start:start + step]  # [t, K] half
-        dst = tile[:part.shape[0]]
-        dst.copy_(part)
-        torch.mm(dst, rows.t(), out=out_t[start:start + part.shape[0]])  # [t, M]
-    if bias is not None:
-        out_t += bias.float()[:, None]
-    out = torch.empty(rows.shape[0], n, dtype=x.dtype)  # [M, N]
-    out.copy_(out_t.t())  # the one rounding
+        t = part.shape[0]
+        tile[:t].copy_(part)
+        block = torch.mm(tile[:t], rows.t(), out=acc[:t])  # [t, M]
+        if bias32 is not None:
+            block += bias32[start:start + t, None]
+        out[:, start:start + t].copy_(block.t())  # the one rounding
     return out.view(*x.shape[:-1], n)
 
 
