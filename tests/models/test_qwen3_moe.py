@@ -52,6 +52,23 @@ def test_grouped_gemm_and_per_expert_fallback_agree(monkeypatch):
 
 
 @torch.no_grad()
+def test_half_experts_on_cpu_take_the_per_expert_tiles(monkeypatch):
+    # catches: bf16 experts on the CPU left on torch's grouped GEMM (one weight pass per row), or float32 moved off it
+    calls = []
+    real = moe.F.grouped_mm
+    monkeypatch.setattr(moe.F, "grouped_mm", lambda *a, **k: calls.append(a[0].dtype) or real(*a, **k))
+    w = torch.randn(4, 32, 16)
+    x, counts = torch.randn(40, 16), torch.tensor([10, 0, 20, 10])
+    moe.grouped_linear(x, w, counts)
+    assert calls == [torch.float32]
+    got = moe.grouped_linear(x.bfloat16(), w.bfloat16(), counts)
+    assert calls == [torch.float32]
+    parts = x.bfloat16().split(counts.tolist())
+    want = torch.cat([moe.linear(part, w[e].bfloat16()) for e, part in enumerate(parts)])
+    assert torch.equal(got, want)
+
+
+@torch.no_grad()
 def test_transformers_saved_layout_loads_and_refits(tmp_path):
     """transformers 5 saves fused experts as [E, 2I, H]; the hub stores [E, H, 2I]. Both load to the same model."""
     saved = tmp_path / "saved"
