@@ -7,7 +7,6 @@ import gc
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from mm_infer.models.safetensors_map import read_header
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
@@ -50,10 +51,8 @@ def decode_step_bytes(model: Path) -> int:
     (tied: embed_tokens is the head; untied: lm_head is, and the embedding is only gathered, one row per token)."""
     sizes: dict[str, int] = {}
     for file in sorted(model.glob("*.safetensors")):
-        with file.open("rb") as f:
-            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        sizes.update({name: 2 * math.prod(meta["shape"]) for name, meta in header.items()
-                      if name != "__metadata__" and "visual" not in name})
+        _, header = read_header(file)  # without __metadata__
+        sizes.update({name: 2 * math.prod(meta["shape"]) for name, meta in header.items() if "visual" not in name})
     if any(n.endswith("lm_head.weight") for n in sizes):
         sizes = {n: b for n, b in sizes.items() if not n.endswith("embed_tokens.weight")}
     return sum(sizes.values())

@@ -74,7 +74,7 @@ class SparseMoE(nn.Module):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [N, H] -> (weights [N, k] in x's dtype, expert ids [N, k])."""
-        probs = F.softmax(linear(x, self.gate.weight), dim=-1, dtype=torch.float)  # [N, E]
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float)  # [N, E]
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
         return (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype), experts
 
