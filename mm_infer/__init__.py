@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# MKL's strict reproducible mode: sgemm results that do not depend on the thread count (on AVX-512 CPUs MKL otherwise
+# splits a dot product between threads from some shapes on, and heavy steps, step_threads.py, would change a
+# request's numbers). Read at MKL's first call, so it must be set before any GEMM; a user's own value is kept.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 __version__ = "0.1.0"
 

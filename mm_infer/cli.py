@@ -50,11 +50,29 @@ def _preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env(args: argparse.Namespace) -> int:
+    from mm_infer.environment import runtime_report
+
+    print(json.dumps(runtime_report(), indent=None if args.json else 1))
+    return 0
+
+
+class _Version(argparse.Action):
+    """--version: mm-infer's version and what it runs on (torch, triton, transformers, the CPU's half GEMM path)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from mm_infer.environment import one_line
+
+        print(one_line())
+        parser.exit()
+
+
 AddCommands = Callable[[Any], None]  # adds sub-commands to an argparse subparsers object
 
 
 def build_parser(*extra: AddCommands) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mm-infer", description="mm-infer: multimodal generation for RL rollouts")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print versions, the CPU and its GEMM path")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="chat with a local checkpoint about images and videos")
     gen.add_argument("model", help="checkpoint folder in Hugging Face format")
@@ -73,6 +91,9 @@ def build_parser(*extra: AddCommands) -> argparse.ArgumentParser:
     pre.add_argument("--backend", default="torchvision", choices=["torchvision", "pil"])
     pre.add_argument("--max-pixels", type=int, default=None)
     pre.set_defaults(func=_preprocess)
+    env = sub.add_parser("env", help="print versions, the CPU, torch's kernel level and the half GEMM path chosen")
+    env.add_argument("--json", action="store_true", help="one line of JSON")
+    env.set_defaults(func=_env)
     for add in extra:
         add(sub)
     return parser

@@ -1,9 +1,9 @@
-"""Benchmark bf16 linear layers on the CPU: torch's F.linear vs float32 tiles (models/half_linear.py), ratio LAST."""
+"""Benchmark half-type linear layers on the CPU: torch's GEMM vs float32 tiles, and the path chosen here; ratio LAST."""
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
 import sys
 import timeit
 from pathlib import Path
@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mm_infer.models import moe  # noqa: E402
-from mm_infer.models.half_linear import upcast_linear  # noqa: E402
+from mm_infer.models.half_gemm_path import describe, forced_path, half_gemm_path  # noqa: E402
+from mm_infer.models.half_linear import linear  # noqa: E402
 
 # one decoder layer of the 2B-shaped Qwen2-VL (hidden 1536, MLP 8960, 12 heads of 128, 2 KV heads): [out, in]
 LAYER = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)}
@@ -30,46 +31,56 @@ def layer_ms(fn, weights: dict[str, torch.Tensor], rows: int, repeats: int) -> f
     return 1e3 * min(timeit.repeat(once, number=1, repeat=repeats + 1)[1:])
 
 
-def experts_ms(tokens: int, repeats: int, grouped: bool) -> float:
-    """Best-of-repeats ms of 16 experts' gate_up (30B-A3B shapes: [2*768, 2048]) over tokens spread evenly."""
-    w = (torch.randn(16, 2 * 768, 2048) * 0.02).to(torch.bfloat16)  # [E, out, in]
-    x = torch.randn(tokens, 2048).to(torch.bfloat16)
+def experts_ms(tokens: int, repeats: int, dtype: torch.dtype, path: str) -> float:
+    """Best-of-repeats ms of 16 experts' gate_up (30B-A3B shapes: [2*768, 2048]) over tokens spread evenly, through
+    moe.grouped_linear with the half GEMM path forced (torch: the grouped GEMM; tiles: per-expert float32 tiles)."""
+    w = (torch.randn(16, 2 * 768, 2048) * 0.02).to(dtype)  # [E, out, in]
+    x = torch.randn(tokens, 2048).to(dtype)
     counts = torch.full((16,), tokens // 16, dtype=torch.long)
-    if grouped:  # torch's grouped GEMM, as the float32 and CUDA paths run it
-        offs = counts.cumsum(0).to(torch.int32)
-        fn = lambda: F.grouped_mm(x, w.transpose(1, 2), offs=offs)  # noqa: E731
-    else:
-        fn = lambda: moe.grouped_linear(x, w, counts)  # noqa: E731 - per-expert linear: tiles from 8 rows
-    return 1e3 * min(timeit.repeat(fn, number=1, repeat=repeats + 1)[1:])
+    with forced_path(path):  # type: ignore[arg-type]
+        return 1e3 * min(timeit.repeat(lambda: moe.grouped_linear(x, w, counts), number=1, repeat=repeats + 1)[1:])
+
+
+def tiles_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """half_linear.linear with the float32-tile path forced (rows below UPCAST_MIN_ROWS still take torch's GEMV)."""
+    with forced_path("tiles"):
+        return linear(x, w)
+
+
+def report(name: str, times: dict[str, float], chosen: str) -> float:
+    """Print one line; return the chosen path's speed against the faster of the two (1.0: it is the faster)."""
+    best = min(times.values())
+    share = best / times[chosen]
+    print(f"{name}: torch {times['torch']:8.2f} ms  float32 tiles {times['tiles']:8.2f} ms  "
+          f"chosen {chosen:5s} {share:.2f}x of the faster")
+    return share
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", default="1,2,4,8,16,32,100,1024", help="input rows to time, comma-separated")
+    parser.add_argument("--dtypes", default="bfloat16,float16", help="half types to time, comma-separated")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    weights = {name: (torch.randn(n, k) * k**-0.5).to(torch.bfloat16) for name, (n, k) in LAYER.items()}
-    ratios = {}
-    print(f"one 2B-shaped decoder layer's projections, bf16, {args.threads} threads, best of {args.repeats}")
+    print(f"cpu: {json.dumps(describe())}")
+    print(f"one 2B-shaped decoder layer's projections, {args.threads} threads, best of {args.repeats}")
+    shares = []
     with torch.inference_mode():
-        for rows in (int(r) for r in args.rows.split(",")):
-            ours = layer_ms(upcast_linear, weights, rows, args.repeats)
-            torch_ms = layer_ms(F.linear, weights, rows, args.repeats)
-            x = torch.randn(rows, 1536).to(torch.bfloat16)
-            diff = (upcast_linear(x, weights["gate_up"]).float() - F.linear(x, weights["gate_up"]).float()).abs()
-            ratios[rows] = torch_ms / ours
-            print(f"rows {rows:5d}: torch bf16 {torch_ms:9.2f} ms  float32 tiles {ours:9.2f} ms  "
-                  f"({ratios[rows]:.2f}x)  max |diff| {diff.max().item():.3g}")
-        if hasattr(F, "grouped_mm"):
-            for tokens in (16, 128, 512):
-                grouped, ours = experts_ms(tokens, args.repeats, True), experts_ms(tokens, args.repeats, False)
-                print(f"MoE experts, {tokens:4d} tokens over 16: grouped_mm bf16 {grouped:8.2f} ms  per-expert tiles "
-                      f"{ours:8.2f} ms ({grouped / ours:.2f}x)")
-    big = [r for r in ratios if r >= 16]
-    print(f"float32 tiles vs torch bf16, median over rows >= 16: {statistics.median(ratios[r] for r in big):.2f}x")
+        for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+            weights = {name: (torch.randn(n, k) * k**-0.5).to(dtype) for name, (n, k) in LAYER.items()}
+            chosen = half_gemm_path(dtype)
+            for rows in (int(r) for r in args.rows.split(",")):
+                times = {"torch": layer_ms(F.linear, weights, rows, args.repeats),
+                         "tiles": layer_ms(tiles_linear, weights, rows, args.repeats)}
+                shares.append(report(f"{str(dtype)[6:]:8s} rows {rows:5d}", times, chosen if rows >= 8 else "torch"))
+            if hasattr(F, "grouped_mm"):
+                for tokens in (16, 128, 512):
+                    times = {path: experts_ms(tokens, args.repeats, dtype, path) for path in ("torch", "tiles")}
+                    shares.append(report(f"{str(dtype)[6:]:8s} MoE {tokens:4d} tokens/16 experts", times, chosen))
+    print(f"chosen path against the faster of torch and float32 tiles, worst case: {min(shares):.2f}x")
 
 
 if __name__ == "__main__":

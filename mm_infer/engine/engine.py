@@ -25,7 +25,7 @@ from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
 from mm_infer.engine.sleep import EngineAsleepError, SleepState, note_refit
-from mm_infer.engine.step_threads import StepThreads
+from mm_infer.engine.step_threads import StepThreads, checked_heavy_threads
 from mm_infer.engine.stopping import check_stop
 from mm_infer.models import load_model
 from mm_infer.prompt.inputs import PromptInput
@@ -72,6 +72,7 @@ class LLMEngine:
         """Static decode everywhere but under CPU batch invariance (whose length buckets keep rows independent)."""
         cpu = device.type == "cpu"
         heavy = config.cpu_threads_heavy if cpu and not config.batch_invariant else None  # invariance: one setting
+        heavy = checked_heavy_threads(torch.get_num_threads(), heavy)
         return StepLimits(self.runtime.max_model_len, config.scheduler.max_num_seqs,
                           static_decode=not (config.batch_invariant and device.type != "cuda"),
                           capture=device.type == "cuda" and not config.enforce_eager, threads=StepThreads(heavy))

@@ -2,7 +2,9 @@
 
 torch's CPU GEMM for half types without native hardware support (AVX2, AVX-512 without bf16) costs about one
 vector pass over the weight per row: a 16-row decode step reads the weight 16 times. Upcasting the weight tile by
-tile into a float32 buffer that stays in cache, then one sgemm per tile, reads the weight once. The products of
+tile into a float32 buffer that stays in cache, then one sgemm per tile, reads the weight once. On a CPU with
+native half arithmetic (AMX, AVX512-BF16/FP16) torch's own GEMM is 3-8x faster than the tiles, so which path a
+dtype takes is half_gemm_path.py's choice, made once per process from the CPU's instruction sets. The products of
 half inputs are exact in float32 and the sums accumulate in float32 before one rounding to the output type, as
 torch's own half GEMM does; only the order of the float32 sums differs (no exactness contract covers half types:
 DESIGN.md's are in float32). Single rows keep torch's half GEMV, which reads the weight at memory speed.
@@ -14,16 +16,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mm_infer.models.half_gemm_path import half_gemm_path
+
 HALF_TYPES = (torch.bfloat16, torch.float16)
 UPCAST_MIN_ROWS = 8  # below this torch's half GEMV is faster (scripts/bench_half_linear.py)
 TILE_ELEMENTS = 1 << 19  # float32 weight elements per tile: 2 MiB, cache-resident beside the activations
 
 
 def upcasts(x: Tensor, weight: Tensor) -> bool:
-    """Whether linear(x, weight) takes the float32-tile path: inference on CPU, half weight, enough rows."""
+    """Whether linear(x, weight) takes the float32-tile path: inference on CPU, half weight, enough rows, and a CPU
+    whose half GEMM is slow (half_gemm_path).
+
+    Under batch_invariant every batch is padded to >= 16 rows (engine/model_runner.py's MIN_ROWS), above
+    UPCAST_MIN_ROWS, so a request's GEMMs take the one path of its dtype whatever the batch holds."""
     return (weight.dtype in HALF_TYPES and weight.device.type == "cpu" and x.device.type == "cpu"
             and x.dtype == weight.dtype and x.dim() >= 2 and x.numel() >= UPCAST_MIN_ROWS * x.shape[-1]
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and half_gemm_path(weight.dtype) == "tiles")
 
 
 def tile_rows(in_features: int) -> int:
@@ -58,7 +67,8 @@ def upcast_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """F.linear, with half weights on the CPU going through float32 tiles at >= UPCAST_MIN_ROWS rows."""
+    """F.linear, with half weights on the CPU going through float32 tiles at >= UPCAST_MIN_ROWS rows where the CPU's
+    half GEMM is slow."""
     if upcasts(x, weight):
         return upcast_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_infer.models.config import MoEConfig
+from mm_infer.models.half_gemm_path import half_gemm_path
 from mm_infer.models.half_linear import HALF_TYPES, Linear, linear
 from mm_infer.models.layers import activation
 
@@ -14,9 +15,12 @@ from mm_infer.models.layers import activation
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
     """torch's grouped GEMM runs any float dtype on CPU, bfloat16 on CUDA; rows must be 16-byte aligned.
 
-    Half types on the CPU take the per-expert loop instead: there each group's `linear` runs as float32 tiles
-    (half_linear.py), 4x faster than the grouped GEMM at 32 rows per expert (and no slower at 1)."""
-    if not hasattr(F, "grouped_mm") or (x.device.type == "cpu" and x.dtype in HALF_TYPES):
+    Half types on a CPU whose half GEMM is slow take the per-expert loop instead: there each group's `linear` runs
+    as float32 tiles (half_linear.py), 4x faster than the grouped GEMM at 32 rows per expert (and no slower at 1).
+    Where the CPU has native half arithmetic (half_gemm_path "torch"), the grouped GEMM is 2-4x faster than tiles."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    if x.device.type == "cpu" and x.dtype in HALF_TYPES and half_gemm_path(x.dtype) == "tiles":
         return False
     aligned = all(n * x.element_size() % 16 == 0 for n in (x.shape[1], w.shape[1]))
     return aligned and (x.device.type == "cpu" or (x.is_cuda and x.dtype == torch.bfloat16))

@@ -10,6 +10,7 @@ from typing import Any
 import uvicorn
 
 from mm_infer.engine.host_allocator import keep_step_memory
+from mm_infer.environment import one_line
 from servers.openai.app import build_app
 from servers.openai.config import ServerConfig
 from servers.openai.shutdown import DrainingServer
@@ -48,6 +49,7 @@ def _uvicorn_config(state: ServerState, log_level: str) -> uvicorn.Config:
 def serve(config: ServerConfig, log_level: str = "info") -> None:
     """Load the model and serve until interrupted (this process is the server's: glibc keeps its step memory)."""
     keep_step_memory()
+    print(f"mm-infer: {one_line()}", flush=True)
     state = build_state(config)
     print(f"mm-infer: serving {config.model_name} on http://{config.host}:{config.port}", flush=True)
     DrainingServer(_uvicorn_config(state, log_level), state).run()

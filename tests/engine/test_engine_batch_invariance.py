@@ -9,6 +9,7 @@ import torch
 from engine_cases import CKPT, MIXED, case
 
 from mm_infer import LLM, SamplingParams
+from mm_infer.models.half_gemm_path import forced_path
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +62,21 @@ def test_n_samples_seeded_distinct_and_reproducible(cold_llm):
     assert [o.index for o in a.outputs] == [0, 1, 2, 3]
 
 
-def test_bfloat16_alone_equals_inside_batch():
-    """In bf16 every GEMM of >= 16 rows goes through float32 tiles (models/half_linear.py): the padding keeps it so,
-    and the tiles do not depend on the row count, so the guarantee holds in half types too."""
+@pytest.mark.parametrize("path", ["torch", "tiles"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_types_alone_equal_inside_batch(dtype, path):
+    """Half types under batch_invariant, with each CPU GEMM path forced (models/half_gemm_path.py): every GEMM of a
+    padded batch (>= 16 rows) takes the dtype's one path, and neither path's rows depend on the row count from 16
+    up, so the guarantee holds on a CPU of either kind. A path switch inside a batch (say tiles from 32 rows, torch
+    below) would change the logprobs of a request run alone against the same request among 32."""
     threads = torch.get_num_threads()
-    llm = LLM(str(CKPT), dtype="bfloat16", batch_invariant=True, num_kv_blocks=512, enable_prefix_caching=False,
-              encoder_cache_items=1, cpu_threads=1)
-    prompts, params = _batch()  # 32 decode rows together, 16 (padded) alone
-    batched = llm.generate(prompts, params, use_tqdm=False)
-    for i in (0, 1, 5, 30):
-        alone = llm.generate([prompts[i]], params[i], use_tqdm=False)[0].outputs[0]
-        assert alone.token_ids == batched[i].outputs[0].token_ids, f"request {i}: tokens depend on the batch"
-        assert alone.logprobs == batched[i].outputs[0].logprobs, f"request {i}: logprobs depend on the batch"
+    with forced_path(path):
+        llm = LLM(str(CKPT), dtype=dtype, batch_invariant=True, num_kv_blocks=512, enable_prefix_caching=False,
+                  encoder_cache_items=1, cpu_threads=1)
+        prompts, params = _batch()  # 32 decode rows together, 16 (padded) alone
+        batched = llm.generate(prompts, params, use_tqdm=False)
+        for i in (0, 1, 5, 30):
+            alone = llm.generate([prompts[i]], params[i], use_tqdm=False)[0].outputs[0]
+            assert alone.token_ids == batched[i].outputs[0].token_ids, f"request {i}: tokens depend on the batch"
+            assert alone.logprobs == batched[i].outputs[0].logprobs, f"request {i}: logprobs depend on the batch"
     torch.set_num_threads(threads)

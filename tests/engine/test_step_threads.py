@@ -7,7 +7,12 @@ from engine_cases import CKPT, case
 
 from mm_infer import LLM, SamplingParams
 from mm_infer.engine.batch_plan import BatchPlan
-from mm_infer.engine.step_threads import HEAVY_STEP_TOKENS, StepThreads
+from mm_infer.engine.step_threads import (
+    HEAVY_STEP_TOKENS,
+    StepThreads,
+    checked_heavy_threads,
+    thread_count_changes_numbers,
+)
 
 PROMPTS = [case([40, ("image", 1, 8, 8), 30], 1), case([HEAVY_STEP_TOKENS + 40], 2),
            case([20, ("video", 2, 8, 8), 10], 3), case([12], 4)]
@@ -63,3 +68,24 @@ def test_which_steps_are_heavy():
 def test_batch_invariance_keeps_one_thread_setting():
     llm = LLM(str(CKPT), num_kv_blocks=64, cpu_threads=1, cpu_threads_heavy=2, batch_invariant=True)
     assert llm.engine.runner.threads.heavy is None
+
+
+def test_mkl_runs_in_its_strict_reproducible_mode():
+    # catches: mm_infer's import no longer asking MKL for thread-count-independent sgemm (heavy steps would then be
+    # switched off on AVX-512 CPUs, or change numbers where the probe misses a shape)
+    import os
+
+    import mm_infer  # noqa: F401
+
+    assert os.environ.get("MKL_CBWR", "").upper().endswith("STRICT")
+    assert not thread_count_changes_numbers(1, 2)
+
+
+def test_heavy_threads_refused_where_they_change_numbers(monkeypatch):
+    from mm_infer.engine import step_threads
+
+    monkeypatch.setattr(step_threads, "thread_count_changes_numbers", lambda light, heavy: True)
+    assert checked_heavy_threads(1, 2) is None  # would change bits: never switch
+    assert checked_heavy_threads(1, None) is None and checked_heavy_threads(2, 2) == 2
+    monkeypatch.setattr(step_threads, "thread_count_changes_numbers", lambda light, heavy: False)
+    assert checked_heavy_threads(1, 2) == 2

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mm_infer.models import half_linear
+from mm_infer.models.half_gemm_path import forced_path
 from mm_infer.models.half_linear import Linear, linear, upcast_linear
 
 
@@ -66,7 +67,14 @@ def test_rows_do_not_depend_on_the_batch():
         assert torch.equal(upcast_linear(alone, w, b)[0], batch[i]), f"row {i}"
 
 
-def test_dispatch(monkeypatch):
+@pytest.fixture
+def tiles_forced():
+    """The float32-tile path, whatever this CPU would choose (half_gemm_path.py)."""
+    with forced_path("tiles"):
+        yield
+
+
+def test_dispatch(monkeypatch, tiles_forced):
     calls = []
     real = half_linear.upcast_linear
     monkeypatch.setattr(half_linear, "upcast_linear", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -85,7 +93,15 @@ def test_dispatch(monkeypatch):
     assert trained.grad is not None and calls == [(16, 8)]
 
 
-def test_linear_module_keeps_names_and_dispatches(monkeypatch):
+def test_torch_path_never_takes_tiles(monkeypatch):
+    """On a CPU with native half arithmetic (or MM_INFER_HALF_GEMM=torch) every row count is torch's own GEMM."""
+    monkeypatch.setattr(half_linear, "upcast_linear", lambda *a: pytest.fail("tiles on the torch path"))
+    x, w, b = _operands(torch.bfloat16, rows=64, k=16, n=8)
+    with forced_path("torch"), torch.inference_mode():
+        assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+
+
+def test_linear_module_keeps_names_and_dispatches(tiles_forced):
     layer = Linear(8, 4, bias=True).to(torch.bfloat16)
     assert set(dict(layer.named_parameters())) == {"weight", "bias"}
     x = torch.randn(32, 8).to(torch.bfloat16)

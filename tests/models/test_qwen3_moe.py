@@ -9,6 +9,7 @@ from qwen3_cases import PROMPTS, QWEN3, build_prompt, hf, our_logits, ours
 
 import mm_infer.models.moe as moe
 from mm_infer.models import load_model, load_state_dict_into
+from mm_infer.models.half_gemm_path import forced_path
 from mm_infer.models.layers import GatedMLP
 from mm_infer.models.loader import iter_safetensors
 from mm_infer.rl.weights import plan_refit
@@ -52,20 +53,27 @@ def test_grouped_gemm_and_per_expert_fallback_agree(monkeypatch):
 
 
 @torch.no_grad()
-def test_half_experts_on_cpu_take_the_per_expert_tiles(monkeypatch):
-    # catches: bf16 experts on the CPU left on torch's grouped GEMM (one weight pass per row), or float32 moved off it
+@pytest.mark.parametrize("path", ["tiles", "torch"])
+def test_half_experts_on_cpu_follow_the_half_gemm_path(monkeypatch, path):
+    # catches: bf16 experts left on torch's grouped GEMM on a CPU without native bf16 (one weight pass per row), kept
+    # off it on a CPU with native bf16 (4x slower there), or float32 moved off it
     calls = []
     real = moe.F.grouped_mm
     monkeypatch.setattr(moe.F, "grouped_mm", lambda *a, **k: calls.append(a[0].dtype) or real(*a, **k))
     w = torch.randn(4, 32, 16)
     x, counts = torch.randn(40, 16), torch.tensor([10, 0, 20, 10])
-    moe.grouped_linear(x, w, counts)
-    assert calls == [torch.float32]
-    got = moe.grouped_linear(x.bfloat16(), w.bfloat16(), counts)
-    assert calls == [torch.float32]
-    parts = x.bfloat16().split(counts.tolist())
-    want = torch.cat([moe.linear(part, w[e].bfloat16()) for e, part in enumerate(parts)])
-    assert torch.equal(got, want)
+    with forced_path(path):
+        moe.grouped_linear(x, w, counts)
+        assert calls == [torch.float32]
+        got = moe.grouped_linear(x.bfloat16(), w.bfloat16(), counts)
+        parts = x.bfloat16().split(counts.tolist())
+        want = torch.cat([moe.linear(part, w[e].bfloat16()) for e, part in enumerate(parts)])
+    if path == "tiles":
+        assert calls == [torch.float32]
+        assert torch.equal(got, want)
+    else:
+        assert calls == [torch.float32, torch.bfloat16]
+        torch.testing.assert_close(got, want)  # the grouped GEMM sums in its own order
 
 
 @torch.no_grad()

@@ -78,5 +78,6 @@ def test_serve_subprocess_answers_and_stops():
         assert models["data"][0]["max_model_len"] == 256
         assert httpx.get(f"{base}/v1/models").status_code == 401
     finally:
-        stop_serve(proc, timeout_s=30)
+        printed = stop_serve(proc, timeout_s=30)
     assert proc.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a graceful shutdown
+    assert "half_gemm_bf16=" in printed and "cpu_capability=" in printed and "torch=" in printed  # what ran
