@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mm_infer.models import moe  # noqa: E402
-from mm_infer.models.half_gemm_path import describe, forced_path, half_gemm_path  # noqa: E402
-from mm_infer.models.half_linear import linear  # noqa: E402
+from mm_infer.models.half_gemm_path import describe, forced_path, half_gemm_path, mv_for_single_rows  # noqa: E402
+from mm_infer.models.half_linear import UPCAST_MIN_ROWS, linear  # noqa: E402
 
 # one decoder layer of the 2B-shaped Qwen2-VL (hidden 1536, MLP 8960, 12 heads of 128, 2 KV heads): [out, in]
 LAYER = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)}
@@ -31,9 +31,10 @@ def layer_ms(fn, weights: dict[str, torch.Tensor], rows: int, repeats: int) -> f
     return 1e3 * min(timeit.repeat(once, number=1, repeat=repeats + 1)[1:])
 
 
-def experts_ms(tokens: int, repeats: int, dtype: torch.dtype, path: str) -> float:
+def experts_ms(tokens: int, repeats: int, dtype: torch.dtype, path: str | None) -> float:
     """Best-of-repeats ms of 16 experts' gate_up (30B-A3B shapes: [2*768, 2048]) over tokens spread evenly, through
-    moe.grouped_linear with the half GEMM path forced (torch: the grouped GEMM; tiles: per-expert float32 tiles)."""
+    moe.grouped_linear with the half GEMM path forced (torch: the grouped GEMM; tiles: per-expert float32 tiles;
+    None: as chosen here)."""
     w = (torch.randn(16, 2 * 768, 2048) * 0.02).to(dtype)  # [E, out, in]
     x = torch.randn(tokens, 2048).to(dtype)
     counts = torch.full((16,), tokens // 16, dtype=torch.long)
@@ -47,13 +48,28 @@ def tiles_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return linear(x, w)
 
 
-def report(name: str, times: dict[str, float], chosen: str) -> float:
-    """Print one line; return the chosen path's speed against the faster of the two (1.0: it is the faster)."""
-    best = min(times.values())
-    share = best / times[chosen]
+def report(name: str, times: dict[str, float]) -> float:
+    """Print one line; return our dispatched linear's speed against the faster of torch and tiles (1.0: as fast)."""
+    best = min(times["torch"], times["tiles"])
+    share = best / times["ours"]
     print(f"{name}: torch {times['torch']:8.2f} ms  float32 tiles {times['tiles']:8.2f} ms  "
-          f"chosen {chosen:5s} {share:.2f}x of the faster")
+          f"ours ({times['path']}) {times['ours']:8.2f} ms  {share:.2f}x of the faster")
     return share
+
+
+def layer_times(weights: dict[str, torch.Tensor], rows: int, repeats: int) -> dict:
+    """torch's F.linear, forced tiles, and half_linear.linear as it dispatches here, over one layer at `rows`."""
+    dtype = next(iter(weights.values())).dtype
+    path = half_gemm_path(dtype) if rows >= UPCAST_MIN_ROWS else ("mv" if mv_for_single_rows(dtype) and rows == 1
+                                                                  else "torch")
+    fns = {"torch": F.linear, "tiles": tiles_linear, "ours": linear}
+    return {**{name: layer_ms(fn, weights, rows, repeats) for name, fn in fns.items()}, "path": path}
+
+
+def expert_times(tokens: int, repeats: int, dtype: torch.dtype) -> dict:
+    """The grouped GEMM (torch path), per-expert tiles, and the path grouped_linear takes here."""
+    times = {path: experts_ms(tokens, repeats, dtype, path) for path in ("torch", "tiles")}
+    return {**times, "ours": experts_ms(tokens, repeats, dtype, None), "path": half_gemm_path(dtype)}
 
 
 def main() -> None:
@@ -71,17 +87,13 @@ def main() -> None:
     with torch.inference_mode():
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             weights = {name: (torch.randn(n, k) * k**-0.5).to(dtype) for name, (n, k) in LAYER.items()}
-            chosen = half_gemm_path(dtype)
             for rows in (int(r) for r in args.rows.split(",")):
-                times = {"torch": layer_ms(F.linear, weights, rows, args.repeats),
-                         "tiles": layer_ms(tiles_linear, weights, rows, args.repeats)}
-                shares.append(report(f"{str(dtype)[6:]:8s} rows {rows:5d}", times, chosen if rows >= 8 else "torch"))
+                shares.append(report(f"{str(dtype)[6:]:8s} rows {rows:5d}", layer_times(weights, rows, args.repeats)))
             if hasattr(F, "grouped_mm"):
                 for tokens in (16, 128, 512):
-                    times = {path: experts_ms(tokens, args.repeats, dtype, path) for path in ("torch", "tiles")}
-                    shares.append(report(f"{str(dtype)[6:]:8s} MoE {tokens:4d} tokens/16 experts", times, chosen))
+                    shares.append(report(f"{str(dtype)[6:]:8s} MoE {tokens:4d} tokens/16 experts",
+                                         expert_times(tokens, args.repeats, dtype)))
     print(f"chosen path against the faster of torch and float32 tiles, worst case: {min(shares):.2f}x")
-
 
 if __name__ == "__main__":
     main()

@@ -95,6 +95,14 @@ def half_gemm_path(dtype: torch.dtype) -> GemmPath:
     return _forced[0] or _env_path() or _auto_path(dtype)
 
 
+@lru_cache(maxsize=8)
+def mv_for_single_rows(dtype: torch.dtype) -> bool:
+    """Whether one-row half GEMMs take torch.mv instead of F.linear: only bf16 on a CPU with native bf16, where mv
+    reads the weight 1.25-1.6x faster at every 2B-model shape (fp16 there: 0.3-0.8x; AVX2 CPUs: not measured, so
+    F.linear as before). The sums are float32 either way; bench_half_linear.py's rows-1 lines time both."""
+    return dtype == torch.bfloat16 and cpu_features().native(dtype)
+
+
 @contextmanager
 def forced_path(path: GemmPath | None) -> Iterator[None]:
     """Every half dtype takes `path` inside the block (None: the automatic choice)."""
@@ -112,4 +120,6 @@ def describe() -> dict[str, str]:
     feats = cpu_features()
     isa = [name for name in ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16") if getattr(feats, name)]
     return {"cpu": feats.model, "cpu_capability": feats.capability, "cpu_half_isa": ",".join(isa) or "none",
-            "half_gemm_bf16": half_gemm_path(torch.bfloat16), "half_gemm_fp16": half_gemm_path(torch.float16)}
+            "half_gemm_bf16": half_gemm_path(torch.bfloat16), "half_gemm_fp16": half_gemm_path(torch.float16),
+            "half_gemv_bf16": "mv" if mv_for_single_rows(torch.bfloat16) else "linear",
+            "half_gemv_fp16": "mv" if mv_for_single_rows(torch.float16) else "linear"}

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mm_infer.models.half_gemm_path import half_gemm_path
+from mm_infer.models.half_gemm_path import half_gemm_path, mv_for_single_rows
 
 HALF_TYPES = (torch.bfloat16, torch.float16)
 UPCAST_MIN_ROWS = 8  # below this torch's half GEMV is faster (scripts/bench_half_linear.py)
@@ -66,11 +66,22 @@ def upcast_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     return out.view(*x.shape[:-1], n)
 
 
+def single_row_mv(x: Tensor, weight: Tensor) -> bool:
+    """Whether linear(x, weight) is one half-type row on the CPU where torch.mv's GEMV beats F.linear's
+    (half_gemm_path.mv_for_single_rows: bf16 on CPUs with native bf16)."""
+    return (x.dim() >= 2 and x.numel() == x.shape[-1] and weight.dtype in HALF_TYPES and x.dtype == weight.dtype
+            and weight.device.type == "cpu" and x.device.type == "cpu" and mv_for_single_rows(weight.dtype)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear, with half weights on the CPU going through float32 tiles at >= UPCAST_MIN_ROWS rows where the CPU's
     half GEMM is slow."""
     if upcasts(x, weight):
         return upcast_linear(x, weight, bias)
+    if single_row_mv(x, weight):
+        out = torch.mv(weight, x.reshape(-1))  # [N]
+        return (out if bias is None else out + bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 
 

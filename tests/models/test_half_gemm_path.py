@@ -29,6 +29,34 @@ def test_auto_path_follows_native_half_arithmetic(monkeypatch, cpu, bf16, fp16):
         hgp._auto_path.cache_clear()
 
 
+@pytest.mark.parametrize(("cpu", "bf16", "fp16"), [(AVX2, False, False), (ZEN5, True, False), (SPR, True, False)])
+def test_single_rows_take_mv_only_for_native_bf16(monkeypatch, cpu, bf16, fp16):
+    monkeypatch.setattr(hgp, "cpu_features", lambda: cpu)
+    hgp.mv_for_single_rows.cache_clear()
+    try:
+        assert (hgp.mv_for_single_rows(torch.bfloat16), hgp.mv_for_single_rows(torch.float16)) == (bf16, fp16)
+    finally:
+        hgp.mv_for_single_rows.cache_clear()
+
+
+def test_single_row_dispatch_is_mv_with_float32_sums(monkeypatch):
+    from mm_infer.models import half_linear
+
+    monkeypatch.setattr(half_linear, "mv_for_single_rows", lambda dtype: True)
+    calls = []
+    real = torch.mv
+    monkeypatch.setattr(half_linear.torch, "mv", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=gen).bfloat16() for s in ((1, 1, 64), (48, 64), (48,)))
+    with torch.inference_mode():
+        out = half_linear.linear(x, w, b)
+        assert calls == [(48, 64)] and out.shape == (1, 1, 48)
+        exact = (x.double().view(1, 64) @ w.double().t()).view(1, 1, 48).bfloat16() + b
+        torch.testing.assert_close(out, exact, rtol=1e-2, atol=1e-2)
+        half_linear.linear(x.expand(1, 2, 64), w)  # two rows: F.linear, not mv
+    assert calls == [(48, 64)]
+
+
 def test_forced_path_wins_and_is_undone():
     auto = half_gemm_path(torch.bfloat16)
     for path in ("torch", "tiles"):

@@ -76,6 +76,19 @@ def test_half_experts_on_cpu_follow_the_half_gemm_path(monkeypatch, path):
         torch.testing.assert_close(got, want)  # the grouped GEMM sums in its own order
 
 
+def test_one_row_per_expert_takes_each_experts_mv(monkeypatch):
+    # catches: decode-sized MoE batches (about a row per expert) left on the grouped GEMM where mv is faster
+    monkeypatch.setattr(moe, "mv_for_single_rows", lambda dtype: dtype == torch.bfloat16)
+    calls = []
+    real = moe.F.grouped_mm
+    monkeypatch.setattr(moe.F, "grouped_mm", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    w = torch.randn(4, 32, 16).bfloat16()
+    with forced_path("torch"):
+        few = moe.grouped_linear(torch.randn(4, 16).bfloat16(), w, torch.tensor([1, 1, 0, 2]))
+        moe.grouped_linear(torch.randn(40, 16).bfloat16(), w, torch.tensor([10, 0, 20, 10]))
+    assert few.shape == (4, 32) and calls == [40]
+
+
 @torch.no_grad()
 def test_transformers_saved_layout_loads_and_refits(tmp_path):
     """transformers 5 saves fused experts as [E, 2I, H]; the hub stores [E, H, 2I]. Both load to the same model."""
