@@ -4,7 +4,8 @@ A pure decode step (every chunk one generated token, no media, no prompt scoring
 size; its ids, positions, cache slots, block tables and lengths are copied into that bucket's device buffers, and
 the bucket's forward (LM + logits) runs: replayed from a CUDA graph when captured, eagerly otherwise (CPU,
 `enforce_eager`, or a capture that failed). Padding rows write to a scratch cache block no sequence owns and
-attend to it alone, so they never touch real KV.
+attend to it alone, so they never touch real KV; a real row's table entries past its blocks hold the runner's zero
+block, so its masked reads see zeros, never KV another sequence left behind.
 """
 
 from __future__ import annotations

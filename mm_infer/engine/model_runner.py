@@ -71,12 +71,14 @@ class ModelRunner:
                 if isinstance(module, SparseMoE):
                     module.min_group_rows = MIN_ROWS
         text = model.config.text
-        # one more block than the block manager hands out: the scratch block of static decode's padding rows
-        self.kv = KVCache.allocate(text.num_layers, num_kv_blocks + 1, block_size, text.num_kv_heads,
+        # two more blocks than the block manager hands out: the scratch block that static decode's padding rows
+        # write and read, and the zero block, never written, that every padded read of a real row points at
+        self.scratch_block, self.zero_block = num_kv_blocks, num_kv_blocks + 1
+        self.kv = KVCache.allocate(text.num_layers, num_kv_blocks + 2, block_size, text.num_kv_heads,
                                    text.head_dim, model.dtype, model.device)
         max_blocks = -(-limits.max_model_len // block_size)
-        self.batch = PersistentBatch(limits.max_num_seqs, max_blocks, num_kv_blocks, model.device)
-        self.graphs = DecodeGraphs(model, self.kv, num_kv_blocks, max_blocks, limits.max_num_seqs,
+        self.batch = PersistentBatch(limits.max_num_seqs, max_blocks, self.zero_block, model.device)
+        self.graphs = DecodeGraphs(model, self.kv, self.scratch_block, max_blocks, limits.max_num_seqs,
                                    limits.capture) if limits.static_decode else None
         self.block_size = block_size
         self.threads = limits.threads
@@ -141,9 +143,11 @@ class ModelRunner:
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def _block_tables(self, chunks: list[ScheduledChunk], width: int | None = None) -> np.ndarray:
-        """[len(chunks), blocks] int64 block ids covering width tokens (or each chunk's context), padded with 0."""
+        """[len(chunks), blocks] int64 block ids covering width tokens (or each chunk's context), padded with the
+        zero block."""
         nblk = -(-(width or max(c.end for c in chunks)) // self.block_size)
-        tables = [c.seq.block_table[:nblk] + [0] * (nblk - min(len(c.seq.block_table), nblk)) for c in chunks]
+        pad = [self.zero_block]
+        tables = [c.seq.block_table[:nblk] + pad * (nblk - min(len(c.seq.block_table), nblk)) for c in chunks]
         return np.asarray(tables, dtype=np.int64)  # [C, nblk]
 
     def _table_slots(self, chunks: list[ScheduledChunk], width: int | None = None) -> np.ndarray:
@@ -169,10 +173,20 @@ class ModelRunner:
             picked = [chunks[i] for i in members]
             slots = self._table_slots(picked, lpad)  # [G, Lpad]
             pad = np.arange(lpad)[None, :] >= np.asarray([c.end for c in picked])[:, None]  # [G, Lpad]
-            slots[pad] = 0
+            slots[pad] = self.zero_block * self.block_size  # never a live slot: 0 x NaN is NaN
             groups.append(DecodeGroup(self._to_device([rows[i] for i in members]), self._to_device(slots.reshape(-1)),
                                       self._to_device(pad)))
         return groups
+
+    def _clear_fresh_blocks(self, chunks: list[ScheduledChunk]) -> None:
+        """Zero the last block of each chunk that writes that block's first slot: its slots past the chunk still
+        hold an earlier owner's KV, which masked reads (whole-block gathers) would multiply by zero, and 0 x NaN
+        is NaN. Blocks before it are written whole; one a chunk did not start was cleared by the chunk that did.
+        Prefix-cache hits end before a chunk starts, so they are never cleared."""
+        bs = self.block_size
+        fresh = [c.seq.block_table[(c.end - 1) // bs] for c in chunks if (c.end - 1) // bs * bs >= c.start]
+        if fresh:
+            self.kv.clear_blocks(self._to_device(fresh))
 
     def _context_slots(self, chunks: list[ScheduledChunk]) -> np.ndarray:
         """Context slots of multi-token chunks back to back: [sum of their context lengths] int64."""
@@ -245,6 +259,7 @@ class ModelRunner:
 
         Pure decode steps take the static path (CUDA graphs on CUDA) when the runner has one."""
         plan = BatchPlan.build(chunks, self.block_size)
+        self._clear_fresh_blocks(chunks)
         sample_chunks = plan.sample_chunks
         rows = self.batch.rows_of([c.seq for c in sample_chunks])  # [S]
         if self.graphs is not None and DecodeGraphs.accepts(plan, self.graphs.sizes[-1]):

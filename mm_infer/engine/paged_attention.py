@@ -30,6 +30,13 @@ class KVCache:
         return KVCache(torch.zeros(shape, dtype=dtype, device=device),
                        torch.zeros(shape, dtype=dtype, device=device), block_size)
 
+    def clear_blocks(self, blocks: Tensor) -> None:
+        """Zero whole blocks ([n] long ids) in every layer: a block's earlier owner may have left anything in it
+        (NaN included), and a masked read multiplies what it reads by zero, which keeps a NaN a NaN."""
+        for cache in (self.k, self.v):
+            layers, heads, _, d = cache.shape
+            cache.view(layers, heads, -1, self.block_size, d).index_fill_(2, blocks, 0)
+
 
 @dataclass
 class SeqSpan:
@@ -46,7 +53,7 @@ class DecodeGroup:
     """Single-query sequences whose contexts pad to the same length: one gather and two bmm's per layer."""
 
     rows: Tensor  # [G] long, their rows in the flat batch
-    slots: Tensor  # [G * Lpad] long, context slots padded with slot 0
+    slots: Tensor  # [G * Lpad] long, context slots padded with the zero slot (a slot nothing ever writes)
     pad: Tensor  # [G, Lpad] bool, True on padding
 
     @staticmethod
@@ -59,7 +66,8 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor) -> Te
     """q [G, Hq, d], keys/values [Hkv, G*Lpad, d] (as gathered, head-major), pad [G, Lpad] -> [G, Hq, d].
 
     bmm is batch-count invariant and softmax is row-invariant on CPU, so each row depends only on its
-    own sequence and its padded length (masked keys add exact zeros).
+    own sequence and its padded length (masked keys add exact zeros). Padding must gather a slot that holds zeros
+    (the runner's zero block): its probability is 0, and 0 x NaN would poison the row.
     """
     g, hq, d = q.shape
     hkv, lpad = keys.shape[0], pad.shape[1]

@@ -30,7 +30,8 @@ class _Row:
 class PersistentBatch:
     """Rows of per-sequence state on the model's device, written when they change rather than rebuilt each step.
 
-    tables [R, max_blocks] int32: each row's block table; entries past its blocks hold the scratch block.
+    tables [R, max_blocks] int32: each row's block table; entries past its blocks hold `scratch_block` (the
+    runner passes its zero block, which nothing writes: a masked read of it multiplies zeros, never stale KV).
     sampling [R, 3] float32: temperature, top_p, min_p. seeds [R] int64: each row's draw stream.
 
     A sequence gets a row the first step it is given, and its parameters are written then; a block it gains is
@@ -51,7 +52,7 @@ class PersistentBatch:
     def rows_of(self, seqs: list[Sequence]) -> Tensor:
         """[len(seqs)] long row indices on the device, after writing what changed since each row was last used."""
         fresh: list[_Row] = []
-        cleared: list[int] = []  # rows whose old entries go back to the scratch block
+        cleared: list[int] = []  # rows whose old entries go back to the fill block
         entries: list[tuple[int, int, int]] = []  # (row, column, block id)
         indices = []
         for seq in seqs:

@@ -6,14 +6,16 @@ import base64
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import torch
 
 from mm_infer.media.cache import ByteLRU
 from mm_infer.media.packed import PackedTensor
-from mm_infer.media.patchify import PatchSpec
+from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, norm_table
 from mm_infer.prompt.request import MediaItem, VLMRequest
 from servers.openai.generate_protocol import MODALITIES, MultiModalFeatures, PlaceholderRangeInfo
 from servers.openai.media import media_client_scope
@@ -63,31 +65,103 @@ def encode_item(item: MediaItem) -> str:
     return base64.b64encode(json.dumps(head).encode() + b"\n" + raw).decode("ascii")
 
 
-def _media(head: dict, raw: bytes) -> PackedTensor:
-    """The header's media: uint8 frames (form "frames") or, the older payload, float rows [t*h*w, C*T*ph*pw]."""
+class InlineError(ValueError):
+    """An inline item this checkpoint cannot take as it is (a 400 naming the problem)."""
+
+
+def _check_spec(head: dict, spec: PatchSpec) -> None:
+    """A frames payload's patch spec must be this checkpoint's, field by field: the client's spec would make other
+    tokens (merge_size), or rows the vision tower was never trained on (mean, std, temporal_patch_size)."""
+    given = head["spec"]
+    if not isinstance(given, dict) or set(given) != {f.name for f in dataclasses.fields(PatchSpec)}:
+        raise InlineError(f"its patch spec must have the fields {[f.name for f in dataclasses.fields(PatchSpec)]}")
+    for name, want in dataclasses.asdict(spec).items():
+        got = tuple(given[name]) if isinstance(want, tuple) and isinstance(given[name], list) else given[name]
+        if type(got) is bool or got != want:  # NaN never equals: a NaN mean or std is refused here too
+            raise InlineError(f"its patch spec has {name} {given[name]!r}, this checkpoint's is {want!r}")
+    if head["backend"] not in BACKENDS:
+        raise InlineError(f"its backend is {head['backend']!r}, expected one of {list(BACKENDS)}")
+
+
+@lru_cache(maxsize=8)
+def _row_bounds(spec: PatchSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """[3] float32 lowest and highest value each channel's normalisation gives any uint8 value, over the backends."""
+    tables = np.stack([norm_table(spec.normalizer(b)) for b in BACKENDS])  # [backends, 3, 256]
+    return torch.from_numpy(tables.min(axis=(0, 2))), torch.from_numpy(tables.max(axis=(0, 2)))
+
+
+def _check_rows(rows: torch.Tensor, spec: PatchSpec) -> None:
+    """Rows-payload pixels must be shaped as this checkpoint's patches and hold only values its normalisation can
+    produce: finite, each channel within [(0 - mean) / std, (1 - mean) / std] (one rounding of the row dtype)."""
+    if not rows.is_floating_point():
+        raise InlineError(f"its pixel rows are {str(rows.dtype).removeprefix('torch.')}, not float")
+    width = len(spec.image_mean) * spec.temporal_patch_size * spec.patch_size ** 2
+    if rows.ndim != 2 or rows.shape[1] != width:
+        raise InlineError(f"its pixel rows have shape {list(rows.shape)}, this checkpoint's patches are rows of "
+                          f"{width} ({len(spec.image_mean)} channels x temporal_patch_size {spec.temporal_patch_size} "
+                          f"x {spec.patch_size} x {spec.patch_size})")
+    x = rows.float().view(rows.shape[0], len(spec.image_mean), -1)  # [rows, C, T*p*p]
+    if not bool(torch.isfinite(x).all()):
+        raise InlineError("its pixel rows hold values that are not finite (NaN or infinity)")
+    lo, hi = _row_bounds(spec)
+    tol = torch.finfo(rows.dtype).eps * torch.maximum(lo.abs(), hi.abs()).clamp(min=1.0)  # [C]
+    low, high = x.amin(dim=(0, 2)), x.amax(dim=(0, 2))  # [C]
+    for c in range(len(lo)):
+        if low[c] < lo[c] - tol[c] or high[c] > hi[c] + tol[c]:
+            raise InlineError(f"its pixel rows of channel {c} span [{low[c].item():.6g}, {high[c].item():.6g}], "
+                              f"outside [{lo[c].item():.6g}, {hi[c].item():.6g}], what this checkpoint's "
+                              "normalisation makes of pixels")
+
+
+def _check_grid(grid: tuple[int, int, int], spec: PatchSpec) -> None:
+    _, h, w = grid
+    if min(grid) < 1 or h % spec.merge_size or w % spec.merge_size:
+        raise InlineError(f"its grid {list(grid)} is not whole {spec.merge_size}x{spec.merge_size} merge units")
+
+
+def _check_timing(head: dict) -> None:
+    """Video timing feeds M-RoPE positions and prompt text: finite, and seconds per temporal patch positive."""
+    s = head.get("second_per_grid_t")
+    if s is not None and (isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 86400):
+        raise InlineError(f"its second_per_grid_t is {s!r}, not a number of seconds in (0, 86400]")
+    stamps = head.get("timestamps")
+    if stamps is not None and not all(isinstance(x, int | float) and math.isfinite(x) for x in stamps):
+        raise InlineError("its timestamps are not all finite numbers")
+
+
+def _media(head: dict, raw: bytes, spec: PatchSpec) -> PackedTensor:
+    """The header's media: uint8 frames (form "frames") or, the older payload, float rows [t*h*w, C*T*ph*pw];
+    InlineError unless it is shaped, specced and valued as this checkpoint's `spec` makes media."""
     dtype = _DTYPES[head["dtype"]]
     shape = [int(x) for x in head["shape"]]
+    grid = tuple(int(x) for x in head["grid_thw"])
+    _check_grid(grid, spec)
+    _check_timing(head)
     np_dtype = np.int16 if dtype == torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
     data = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).copy()).reshape(shape)
     data = data.view(torch.bfloat16) if dtype == torch.bfloat16 else data
     if head.get("form") == "frames":
-        spec = head["spec"]
-        spec = PatchSpec(**{**spec, "image_mean": tuple(spec["image_mean"]), "image_std": tuple(spec["image_std"])})
+        _check_spec(head, spec)
+        if data.ndim != 4 or data.shape[2] % spec.factor or data.shape[3] % spec.factor:
+            raise InlineError(f"its frames have shape {list(data.shape)}, not [T, 3, H, W] with H and W multiples "
+                              f"of {spec.factor}")
         return PackedTensor.from_frames([data], backend=head["backend"], spec=spec)
-    rows, _ = shape
-    t, h, w = (int(x) for x in head["grid_thw"])
-    return PackedTensor(data, torch.tensor([[t, h, w]]), torch.ones(1, dtype=torch.long))
+    _check_rows(data, spec)
+    return PackedTensor(data, torch.tensor([list(grid)]), torch.ones(1, dtype=torch.long))
 
 
-def decode_item(data: str, modality: str, where: str) -> MediaItem:
-    """An inline item (400 naming `where` if it is malformed); it is keyed by a digest of its own media."""
+def decode_item(data: str, modality: str, where: str, spec: PatchSpec = DEFAULT_SPEC) -> MediaItem:
+    """An inline item (400 naming `where` if it is malformed, or not what this checkpoint's `spec` makes of media);
+    it is keyed by a digest of its own media."""
     try:
         blob = base64.b64decode(data, validate=True)
         head_bytes, raw = blob.split(b"\n", 1)
         head = json.loads(head_bytes)
         t, h, w = (int(x) for x in head["grid_thw"])
-        media = _media(head, raw)
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        media = _media(head, raw, spec)
+    except InlineError as e:
+        raise ApiError(400, f"{where}: inline item refused: {e}", param="features.kwargs_data") from None
+    except (ValueError, KeyError, TypeError, RuntimeError, ArithmeticError) as e:
         raise ApiError(400, f"{where}: kwargs_data is not an item this server encoded ({e})",
                        param="features.kwargs_data") from None
     if head.get("modality") != modality or media.imgs_sizes[0].tolist() != [t, h, w]:
@@ -127,8 +201,10 @@ def features_of(req: VLMRequest, inline: bool) -> MultiModalFeatures | None:
         mm_items={m: prompt_media([req.items[i] for i in mine[m]], []) for m in kinds})
 
 
-def resolve_items(features: MultiModalFeatures | None, store: FeatureStore) -> dict[str, list[MediaItem]]:
-    """Each modality's items in order: from the cache by hash, else inline; a 400 naming the item otherwise."""
+def resolve_items(features: MultiModalFeatures | None, store: FeatureStore,
+                  spec: PatchSpec = DEFAULT_SPEC) -> dict[str, list[MediaItem]]:
+    """Each modality's items in order: from the cache by hash, else inline (checked against the checkpoint's patch
+    `spec`); a 400 naming the item otherwise."""
     out: dict[str, list[MediaItem]] = {m: [] for m in MODALITIES}
     if features is None:
         return out
@@ -138,7 +214,7 @@ def resolve_items(features: MultiModalFeatures | None, store: FeatureStore) -> d
             where = f"features {m} {k} (hash {h[:16]})"
             item = store.get(h)
             if item is None and data is not None:
-                item = decode_item(data, m, where)
+                item = decode_item(data, m, where, spec)
             if item is None:
                 raise ApiError(400, f"{where}: not in this server's feature cache (evicted, or rendered elsewhere "
                                "or by another client); render it again, or render with mm_payload \"tensors\" to "

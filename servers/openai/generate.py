@@ -57,7 +57,7 @@ def _check(state: ServerState, req: GenerateRequest) -> None:
 async def prepare_generate(state: ServerState, req: GenerateRequest) -> VLMRequest:
     """The prompt exactly as the chat request it was rendered from: ids checked against their features, the
     media taken from the feature cache (or inline), nothing expanded or preprocessed again."""
-    items = resolve_items(req.features, state.features)
+    items = resolve_items(req.features, state.features, state.preparer.media_defaults.spec)
     prompt = PromptInput(token_ids=req.token_ids, images=items["image"], videos=items["video"],
                          media_tokens_preexpanded=True, cache_salt=req.cache_salt)
     try:

@@ -40,7 +40,9 @@ def test_static_decode_equals_the_bucketed_path_and_padding_rows_touch_nothing()
     scratch = static.engine.runner.graphs.scratch_block
     assert scratch == static.engine.block_manager.num_blocks  # the block the manager never hands out
     kv = static.engine.runner.kv
-    assert kv.k.shape[2] == (scratch + 1) * 16 and torch.isfinite(kv.k).all()
+    zero = static.engine.runner.zero_block  # the block padded reads gather: after it, and never written
+    assert zero == scratch + 1 and kv.k.shape[2] == (zero + 1) * 16 and torch.isfinite(kv.k).all()
+    assert not kv.k[:, :, zero * 16:].any() and not kv.v[:, :, zero * 16:].any()
 
 
 def test_triton_paged_decode_in_the_engine_gives_the_torch_tokens(monkeypatch):
