@@ -10,7 +10,7 @@ import torch
 from kernels import dispatch as K
 from kernels.fused_patch_embed import patch_embed_rows, weight_matrix
 from kernels.geometry import Normalize, PatchGeometry
-from mm_infer.media.patchify import rows_by_table
+from mm_infer.media.patchify import items_rows
 
 # CPU GEMMs give row-invariant results from this many rows up: patch-embed chunks of at least this many rows give
 # every row the bits of one matmul over the whole batch.
@@ -97,5 +97,4 @@ class FrameBatch:
 
     def _group_rows(self, group: list[int]) -> torch.Tensor:
         """float32 rows [patches, width] of consecutive items, by table lookup."""
-        rows = [rows_by_table(self.item(i), self.norm, self.geometry) for i in group]
-        return rows[0] if len(rows) == 1 else torch.cat(rows)
+        return items_rows([self.item(i) for i in group], self.norm, self.geometry)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from mm_infer.media.frame_batch import FrameBatch
-from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, frames_to_rows
+from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, items_rows
 
 
 class PackedTensor:
@@ -84,8 +84,7 @@ class PackedTensor:
             return torch.empty(0, self.spec.row_width, dtype=torch.float32)
         if self.frames[0].device.type != "cpu":
             return self.frame_batch().rows()
-        rows = [frames_to_rows(f, self.backend, self.spec)[0] for f in self.frames]  # each [t*h*w, width]
-        return rows[0] if len(rows) == 1 else torch.cat(rows)
+        return items_rows(self.frames, self.spec.normalizer(self.backend), self.spec.geometry)  # [rows, width]
 
     @property
     def nbytes(self) -> int:
