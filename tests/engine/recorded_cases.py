@@ -1,12 +1,14 @@
 """Fixed generation cases whose outputs are recorded once (`python tests/engine/recorded_cases.py`) and replayed.
 
-A refactor must keep every recorded token id, logprob and text bit for bit: `test_recorded_outputs.py` compares.
+A refactor must keep every recorded token id, text, finish and stop reason exactly and every logprob within the
+bound `test_recorded_outputs.py` states (the recording was made on another CPU: DESIGN.md, "Portable exactness").
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +51,14 @@ def cases() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     ]
 
 
-def run(model: str) -> dict[str, Any]:
-    """Generate every case on one tiny checkpoint; floats are kept as repr strings (bit-exact round trip)."""
+def run(model: str, mutate: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Generate every case on one tiny checkpoint; floats are kept as repr strings (bit-exact round trip).
+    `mutate(model)` changes the loaded weights or layers first (the tests that show the guard can fail)."""
     from mm_infer import LLM, SamplingParams
 
     llm = LLM(str(MODELS[model]), batch_invariant=True)  # the numbers of any batch composition
+    if mutate is not None:
+        mutate(llm.engine.model)
     named = cases()
     outs = llm.generate([p for _, p, _ in named], [SamplingParams(**s) for _, _, s in named], use_tqdm=False)
     record: dict[str, Any] = {}

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from server_cases import API_KEY, MAX_MODEL_LEN
-from test_errors import assert_error, chat, post
+from test_errors import assert_error, chat, frozen_after_first_token, post
 
 from servers.openai.admission import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS, text_char_limit
 
@@ -72,15 +71,37 @@ def test_prompts_times_n_is_capped(server):
     assert not server.state.backend.core.groups
 
 
-def test_text_too_long_for_the_context_is_refused_before_tokenizing(server):
-    """F4: 10 MB of text took 11 s and 2.4 GB to tokenize before its 400."""
-    limit = text_char_limit(server.state.preparer.tokenizer, MAX_MODEL_LEN)
+class _EncodeSpy:
+    """Stands in for the `tokenizers` backend: records the length of every text handed to an encode method."""
+
+    def __init__(self, real) -> None:
+        self.real, self.lengths = real, []
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.real, name)
+        if not name.startswith("encode"):
+            return attr
+
+        def encode(inputs, *args, **kwargs):
+            self.lengths += [len(t) for t in ([inputs] if isinstance(inputs, str) else inputs) if isinstance(t, str)]
+            return attr(inputs, *args, **kwargs)
+        return encode
+
+
+def test_text_too_long_for_the_context_is_refused_before_tokenizing(server, monkeypatch):
+    """F4: 10 MB of text took 11 s and 2.4 GB to tokenize before its 400. What is promised is the order (the count
+    of characters is checked first), so the test watches the tokenizer, not a clock."""
+    tokenizer = server.state.preparer.tokenizer
+    limit = text_char_limit(tokenizer, MAX_MODEL_LEN)
+    spy = _EncodeSpy(tokenizer.backend)
+    monkeypatch.setattr(tokenizer, "backend", spy)
     text = "ab " * (limit // 3 + 1)
     for path, body in (("/v1/completions", completion(prompt=text)), ("/v1/chat/completions", chat(text)),
                        ("/tokenize", {"prompt": text}), ("/v1/completions", completion(prompt=["ok", text]))):
-        started = time.perf_counter()
         err = assert_error(post(server, path, body), 400, "characters of text")
-        assert time.perf_counter() - started < 2.0 and err["param"] in ("prompt", "messages")
+        assert err["param"] in ("prompt", "messages")
+        assert all(n < len(text) for n in spy.lengths), f"{path} tokenized the text before refusing it"
+    assert post(server, "/tokenize", {"prompt": "ok"}).status_code == 200 and spy.lengths, "the spy sees encodes"
 
 
 @pytest.mark.parametrize("path, body", [
@@ -100,12 +121,10 @@ def test_a_request_id_in_flight_cannot_be_reused(server):
     """F5: a duplicate request_id replaced the first request's pause ticket, so /pause missed it."""
     long = completion(max_tokens=400, min_tokens=400, request_id="dup")
     with ThreadPoolExecutor(1) as ex:
-        first = ex.submit(post, server, "/v1/completions", long)
-        deadline = time.monotonic() + 60
-        while "cmpl-dup-0" not in server.state.backend.core.groups:
-            assert time.monotonic() < deadline and not first.done()
-            time.sleep(0.01)
-        assert_error(post(server, "/v1/completions", completion(request_id="dup")), 400, "already in use")
+        with frozen_after_first_token(server, "cmpl-dup-0") as frozen:  # in flight until we thaw, however fast
+            first = ex.submit(post, server, "/v1/completions", long)
+            assert frozen.wait(60) and not first.done(), "the request never got going"
+            assert_error(post(server, "/v1/completions", completion(request_id="dup")), 400, "already in use")
         assert first.result(timeout=120).status_code == 200
     assert post(server, "/v1/completions", completion(request_id="dup")).status_code == 200
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
+import socket
+import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -132,21 +137,60 @@ def _wait_idle(server, timeout_s: float = 20.0) -> None:
                          f"groups {list(engine.groups)}")
 
 
+@contextlib.contextmanager
+def frozen_after_first_token(server, rid: str | None = None, thaw: bool = True) -> Iterator[threading.Event]:
+    """Freeze the engine loop (as /pause "keep" does) in the step that gives `rid` (None: any request) its first
+    token, so the request cannot end, however fast the CPU, until the freeze is lifted: by a pause or refit (they set
+    the freeze themselves), or on the way out (unless not `thaw`; a failure always thaws). The event is set once
+    frozen."""
+    core, loop = server.state.backend.core, server.state.backend.async_engine
+    step, caught = core.step, threading.Event()
+
+    def step_then_freeze():
+        outs = step()
+        groups = list(core.groups.values()) if rid is None else [g for g in [core.groups.get(rid)] if g is not None]
+        if not caught.is_set() and any(s.token_ids for g in groups for s in g.seqs):
+            loop.frozen = True  # we run under the step lock: the loop checks it before the next step
+            caught.set()
+        return outs
+
+    core.step = step_then_freeze
+    try:
+        yield caught
+    except BaseException:
+        thaw = True
+        raise
+    finally:
+        del core.step  # the class's own method again
+        if thaw:
+            loop.set_frozen(False)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_client_disconnect_aborts_and_frees_blocks(server, stream):
+    # No clock decides the outcome: the request is frozen mid-generation before the client leaves, so it can only
+    # end by the abort the disconnect causes (the deadlines below only turn a hang into a failure).
     _wait_idle(server)
     before = server.state.metrics.aborted
-    body = chat("go on forever", max_tokens=MAX_MODEL_LEN, ignore_eos=True, stream=stream)
-    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=httpx.Timeout(60, read=1.0)) as c:
+    rid = f"chatcmpl-gone-{stream}"
+    body = chat("go on forever", max_tokens=MAX_MODEL_LEN, ignore_eos=True, stream=stream,
+                request_id=rid.removeprefix("chatcmpl-"))
+    engine = server.state.backend.core
+    with frozen_after_first_token(server, rid) as frozen:
         if stream:
-            with c.stream("POST", "/v1/chat/completions", json=body) as r:
-                lines = r.iter_lines()
+            with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as c, \
+                    c.stream("POST", "/v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()  # kept: a dropped line iterator closes the response (the client leaves)
                 assert next(line for line in lines if line.startswith("data:"))
-                assert server.state.backend.core.groups, "the request should be running"
-        else:
-            with pytest.raises(httpx.ReadTimeout):
-                c.post("/v1/chat/completions", json=body)
-    _wait_idle(server)
+                assert frozen.wait(60) and rid in engine.groups, "the request should be running"
+        else:  # a bare socket: the client leaves while the server still owes it the whole answer
+            payload = json.dumps(body).encode()
+            with socket.create_connection((server.state.config.host, server.state.config.port), timeout=60) as s:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          + f"Authorization: {AUTH['Authorization']}\r\nContent-Length: {len(payload)}\r\n\r\n"
+                          .encode() + payload)
+                assert frozen.wait(60) and rid in engine.groups, "the request should be running"
+        _wait_idle(server, timeout_s=60)  # still frozen: only the disconnect's abort can have freed it
     assert server.state.metrics.aborted == before + 1
     text = httpx.get(f"{server.base_url}/metrics", headers=AUTH).text
     assert f"mm_infer_kv_blocks_free {NUM_BLOCKS}" in text

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 from server_cases import API_KEY, CKPT
+from test_errors import frozen_after_first_token
 
 from mm_infer import SamplingParams
 
@@ -41,11 +42,13 @@ def _generated(server) -> int:
     return sum(len(s.token_ids) for g in server.state.backend.core.groups.values() for s in g.seqs)
 
 
-def _until_generating(server, fut: Future, at_least: int = 2) -> None:
-    deadline = time.monotonic() + 60
-    while _generated(server) < at_least:
-        assert not fut.done() and time.monotonic() < deadline, "the request never got going"
-        time.sleep(0.005)
+def _caught(server, pool, client, max_tokens: int) -> Future:
+    """A completion submitted and frozen in flight after its first token: it cannot end, however fast the CPU, before
+    the pause or refit that follows lifts the freeze (each sets it itself: keep freezes, the others thaw)."""
+    with frozen_after_first_token(server, thaw=False) as frozen:
+        fut = pool.submit(_complete, client, max_tokens)
+        assert frozen.wait(60) and not fut.done(), "the request never got going"
+    return fut
 
 
 def _resume(server) -> None:
@@ -54,8 +57,7 @@ def _resume(server) -> None:
 
 
 def test_abort_ends_in_flight_requests_as_errors_and_holds_new_ones(server, client, pool):
-    running = pool.submit(_complete, client, RUNAWAY)
-    _until_generating(server, running)
+    running = _caught(server, pool, client, RUNAWAY)
     r = _post(server, "/pause", mode="abort")
     try:
         assert r.status_code == 200 and r.json() == {"is_paused": True, "mode": "abort", "num_paused_requests": 1}
@@ -76,9 +78,11 @@ def test_abort_ends_a_stream_with_an_error_event(server, pool):
     body = {"model": "m", "prompt": PROMPT, "max_tokens": RUNAWAY, "min_tokens": RUNAWAY, "temperature": 0,
             "stream": True}
     events: list[str] = []
-    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, headers=AUTH, timeout=60) as resp:
+    with frozen_after_first_token(server) as frozen, \
+            httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, headers=AUTH, timeout=60) as resp:
         lines = resp.iter_lines()
         events.append(next(line for line in lines if line.startswith("data:")))
+        assert frozen.wait(60)  # it cannot end before the pause (which lifts the freeze) lands
         paused = pool.submit(_post, server, "/pause", mode="abort")
         events += [line for line in lines if line.startswith("data:")]
     try:
@@ -92,8 +96,7 @@ def test_abort_ends_a_stream_with_an_error_event(server, pool):
 
 
 def test_wait_lets_in_flight_requests_finish_first(server, client, llm, pool):
-    running = pool.submit(_complete, client, CAUGHT)
-    _until_generating(server, running)
+    running = _caught(server, pool, client, CAUGHT)
     r = _post(server, "/pause", mode="wait")
     try:
         assert r.status_code == 200 and r.json()["num_paused_requests"] == 1
@@ -112,8 +115,7 @@ def test_wait_lets_in_flight_requests_finish_first(server, client, llm, pool):
 
 
 def test_keep_freezes_in_flight_requests_until_resume(server, client, llm, pool):
-    running = pool.submit(_complete, client, CAUGHT)
-    _until_generating(server, running)
+    running = _caught(server, pool, client, CAUGHT)
     r = _post(server, "/pause", mode="keep")
     try:
         assert r.status_code == 200 and r.json()["num_paused_requests"] == 1
@@ -160,8 +162,7 @@ def test_pause_rejects_unknown_modes_and_defaults_to_abort(server):
 
 @pytest.mark.parametrize("abort", [False, True])
 def test_refit_while_running_waits_or_aborts_then_resumes(server, client, pool, abort):
-    running = pool.submit(_complete, client, CAUGHT)
-    _until_generating(server, running)
+    running = _caught(server, pool, client, CAUGHT)
     refit = _post(server, "/update_weights_from_disk", model_path=str(CKPT), abort_all_requests=abort)
     assert refit.status_code == 200 and refit.json()["num_paused_requests"] == 1
     assert httpx.get(f"{server.base_url}/is_paused", headers=AUTH).json()["is_paused"] is False
