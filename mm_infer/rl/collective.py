@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from mm_infer.rl.rendezvous import tcp_store
+
 BACKENDS = ("gloo", "nccl")
 
 
@@ -24,12 +26,6 @@ class BroadcastGroup(Protocol):
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> None: ...
     def close(self) -> None: ...
-
-
-def tcp_store(master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0 serves the store; the others connect to it (and wait up to timeout_s for it)."""
-    return dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0,
-                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 class GlooGroup:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mm_infer.rl.collective import tcp_store
+from mm_infer.rl.rendezvous import tcp_store
 
 UID_KEY = "broadcast_from/0/0"  # StatelessProcessGroup.broadcast_obj's first key from rank 0
 VLLM_UID_CLASS = ("vllm.distributed.device_communicators.pynccl_wrapper", "ncclUniqueId")
