@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from math import prod
 from pathlib import Path
 
@@ -13,9 +15,15 @@ from torch import Tensor
 from mm_infer.models.config import ModelConfig, load_config
 from mm_infer.models.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError
 from mm_infer.models.qwen2_vl import QwenVLModel
-from mm_infer.models.safetensors_map import adjacent_span, map_file
+from mm_infer.models.safetensors_map import adjacent_span, checkpoint_files, map_file, tensor_names
 
+log = logging.getLogger(__name__)
 PATCH_EMBED = "visual.patch_embed.weight"
+LM_HEAD, EMBED = "lm_head.weight", "language.embed_tokens.weight"
+# What transformers drops without a word (PreTrainedModel._adjust_missing_and_unexpected_keys): rotary_emb.inv_freq,
+# since every family has such a buffer; these models set no _keys_to_ignore_on_load_unexpected and hold no
+# position_ids buffer, so every other unknown name (visual.rotary_pos_emb.inv_freq too) is an unexpected tensor.
+HF_IGNORED = re.compile(r"rotary_emb\.inv_freq")
 EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")  # fused [E, out, in]; the hub stores [E, in, out]
 _MERGERS = r"^(visual\.(?:merger|deepstack_merger_list\.\d+))\."
 # Qwen3-VL vision names -> the shared Qwen2-VL modules they load into
@@ -74,7 +82,7 @@ def _hf_name(name: str) -> str | None:
         return PATCH_EMBED
     if name == "visual.patch_embed.proj.bias":
         return "visual.patch_embed.bias"
-    if name.endswith("rotary_emb.inv_freq") or name.endswith("rotary_pos_emb.inv_freq"):
+    if HF_IGNORED.search(name):
         return None
     for pattern, repl in RENAMES:
         name = pattern.sub(repl, name)
@@ -104,10 +112,11 @@ def load_state_dict_into(
     """Copy HF-named tensors into model parameters in place (dtype/device converted); returns names filled.
 
     strict=True additionally requires every parameter to be filled. Unknown names always raise, except
-    lm_head.weight on a tied model (some tied checkpoints still store it). adopt=True (loading from memory-mapped
-    files) makes a parameter share tensors already of its dtype, device and shape instead of copying them: a
-    whole tensor, or the parts of a fused parameter that lie back to back in one file (gate_proj, up_proj). The
-    file's pages are then read on first use, and a later in-place refit writes private copies of them.
+    lm_head.weight on a tied model (a refit from a trainer may send it; load_model settles ties first).
+    adopt=True (loading from memory-mapped files) makes a parameter share tensors already of its dtype, device and
+    shape instead of copying them: a whole tensor, or the parts of a fused parameter that lie back to back in one
+    file (gate_proj, up_proj). The file's pages are then read on first use, and a later in-place refit writes
+    private copies of them.
     """
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     params = dict(model.named_parameters())
@@ -189,10 +198,8 @@ def _missing_names(model: torch.nn.Module, unfilled: set[str],
 
 
 def iter_safetensors(model_dir: str | Path) -> Iterable[tuple[str, Tensor]]:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise MissingTensorError(f"no *.safetensors files in {model_dir}")
-    for path in files:
+    """(name, tensor) of every *.safetensors file in model_dir, each a view of its file's private map."""
+    for path in checkpoint_files(model_dir):
         yield from map_file(path)
 
 
@@ -206,14 +213,45 @@ def materialize(model: torch.nn.Module, dtype: torch.dtype, device: str | torch.
                 )
 
 
+def _renamed(tensors: Iterable[tuple[str, Tensor]], old: str, new: str) -> Iterator[tuple[str, Tensor]]:
+    for name, tensor in tensors:
+        yield (new if name == old else name), tensor
+
+
+def _settle_tie(model: QwenVLModel, config: ModelConfig) -> ModelConfig:
+    """A tied config whose checkpoint stores both embeddings and lm_head: tie when equal, else keep both (with
+    transformers' warning), as PreTrainedModel.tie_weights does; the model was built untied to load both."""
+    if torch.equal(model.lm_head.weight, model.language.embed_tokens.weight):
+        model.lm_head = None
+        return config
+    log.warning("config ties word embeddings, but the checkpoint's lm_head.weight differs from its embeddings: "
+                "loaded untied, as transformers does")
+    return replace(config, tie_word_embeddings=False)
+
+
 def load_model(
     model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[QwenVLModel, ModelConfig]:
-    """Build the model for config.json in `model_dir` and fill it from its safetensors files."""
+    """Build the model for config.json in `model_dir` and fill it from its safetensors files.
+
+    Every parameter must be filled and every stored tensor must fill one (MissingTensorError,
+    UnexpectedTensorError). A tied config follows transformers' tie_weights on what the files hold: lm_head absent
+    -> tied; only lm_head stored -> it fills the embeddings; both stored -> tied if equal, untied otherwise.
+    """
     config = load_config(model_dir)
+    files = checkpoint_files(model_dir)
+    stored = {hf_to_internal(name) for path in files for name in tensor_names(path)}
+    both = config.tie_word_embeddings and LM_HEAD in stored and EMBED in stored
+    built = replace(config, tie_word_embeddings=False) if both else config
     with torch.device("meta"):
-        model = QwenVLModel(config)  # no allocation, no random init
+        model = QwenVLModel(built)  # no allocation, no random init
     materialize(model, dtype, device)
-    load_state_dict_into(model, iter_safetensors(model_dir), strict=True, adopt=True)
+    tensors = iter_safetensors(model_dir)
+    if config.tie_word_embeddings and EMBED not in stored and LM_HEAD in stored:
+        tensors = _renamed(tensors, LM_HEAD, "model.language_model.embed_tokens.weight")  # tie_weights' swap
+    load_state_dict_into(model, tensors, strict=True, adopt=True)
+    if both:
+        config = _settle_tie(model, config)
+        model.config = config
     model.requires_grad_(False).eval()
     return model, config

@@ -44,6 +44,19 @@ def _view(base: Tensor, start: int, end: int, dtype: torch.dtype, shape: list[in
     return raw.view(dtype).view(shape)
 
 
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The *.safetensors files of a checkpoint folder, sorted; MissingTensorError when there are none."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise MissingTensorError(f"no *.safetensors files in {model_dir}")
+    return files
+
+
+def tensor_names(path: Path) -> list[str]:
+    """The tensor names one safetensors file holds (its header only; no data is read)."""
+    return list(read_header(path)[1])
+
+
 def map_file(path: Path) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) of one file in storage order, each a view of the one private map of the file."""
     data_start, header = read_header(path)
