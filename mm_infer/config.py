@@ -46,10 +46,15 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # chunked-prefill token budget per step
     max_encoder_tokens_per_step: int = 16384  # vision patches encoded per step
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+    # vLLM's name: the most prompt tokens one request prefills in a step (0: up to the step's budget), so one long
+    # prompt cannot make every other request's next token wait for a whole max_num_batched_tokens chunk
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_encoder_tokens_per_step < 1:
             raise ValueError("scheduler limits must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0: off)")
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,24 @@ class MediaConfig:
     video_fps: float = 2.0  # used when video_preprocessor_config.json sets no fps
     video_sampler: str | None = None  # frame_sampling.SAMPLERS; None: the checkpoint's HF video processor's rule
     mrope_after_video: str = "hf"  # where text resumes after a video: "hf" (transformers 5) or "vllm" (mrope.py)
+
+
+@dataclass(frozen=True)
+class StructuredConfig:
+    """Grammar compilation for structured outputs: off the step loop on `grammar_threads` threads, a spec over
+    `max_grammar_bytes` refused (400), a compile past `grammar_timeout_s` failing its request (400), compiled
+    grammars kept up to `grammar_cache_bytes` (LRU)."""
+
+    grammar_threads: int = 2
+    grammar_timeout_s: float = 30.0
+    max_grammar_bytes: int | str = 256 << 10  # the spec's canonical text (a JSON schema, regex, EBNF, ...)
+    grammar_cache_bytes: int | str = 256 << 20
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_grammar_bytes", parse_size(self.max_grammar_bytes))
+        object.__setattr__(self, "grammar_cache_bytes", parse_size(self.grammar_cache_bytes))
+        if self.grammar_threads < 1 or self.grammar_timeout_s <= 0 or self.max_grammar_bytes < 1:
+            raise ValueError("grammar_threads, grammar_timeout_s and max_grammar_bytes must be positive")
 
 
 @dataclass(frozen=True)
@@ -82,11 +105,13 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
+    structured: StructuredConfig = field(default_factory=StructuredConfig)
 
     @staticmethod
     def from_options(model_dir: str, **options: object) -> EngineConfig:
         """Build from flat keyword options (vLLM-style names), routing each to its concern."""
-        groups: dict[type, dict[str, object]] = {CacheConfig: {}, SchedulerConfig: {}, MediaConfig: {}}
+        groups: dict[type, dict[str, object]] = {CacheConfig: {}, SchedulerConfig: {}, MediaConfig: {},
+                                                 StructuredConfig: {}}
         top: dict[str, object] = {}
         top_names = {"dtype", "device", "seed", "weight_version", "cpu_threads", "cpu_threads_heavy", "batch_invariant",
                      "enforce_eager"}
@@ -100,7 +125,8 @@ class EngineConfig:
                 raise TypeError(f"unknown engine option {key!r}")
         return EngineConfig(model_dir=model_dir, cache=CacheConfig(**groups[CacheConfig]),
                             scheduler=SchedulerConfig(**groups[SchedulerConfig]),
-                            media=MediaConfig(**groups[MediaConfig]), **top)  # type: ignore[arg-type]
+                            media=MediaConfig(**groups[MediaConfig]),
+                            structured=StructuredConfig(**groups[StructuredConfig]), **top)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

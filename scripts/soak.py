@@ -1,4 +1,7 @@
-"""Bounded loopback soak: mixed and hostile traffic, one pause/resume and one refit against a real `mm-infer serve`."""
+"""Bounded loopback soak: mixed and hostile traffic, one pause/resume and one refit against a real `mm-infer serve`.
+
+--hostile adds the turn-3 kinds (poisoned inline features, template bombs, huge schemas, long prompts, huge n), each
+with the statuses it must get; the verdict is the same: 0 lost, 0 innocent failures, bounded RSS."""
 
 from __future__ import annotations
 
@@ -12,17 +15,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from soak_client import Tally, count, send
-from soak_server import API_KEY, REPO, rss_kib, server_errors, settle, start_server
-from soak_traffic import CHAT, HOSTILE, NORMAL, Req, chat_body, hostile, make_pool, normal, pick
+import soak_hostile
+from soak_client import Tally, send
+from soak_report import Result, report, verdict
+from soak_server import API_KEY, REPO, rss_kib, server_errors, settle, start_server, tree_rss_kib
+from soak_traffic import CHAT, NORMAL, Mix, Req, chat_body, make_pool, normal, pick
 
 CKPT = REPO / "assets" / "models" / "tiny-qwen2-vl"
-KV_FREE, KV_TOTAL = "mm_infer_kv_blocks_free", "mm_infer_kv_blocks_total"
-RSS_LIMIT_PCT = 5.0
+RSS_PERIOD_S = 0.5
+CLIENT_TIMEOUT_S = 300  # a --hostile huge-n answer takes ~2 minutes on 2 busy CPU cores
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,7 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hostile-share", type=float, default=0.3, help="fraction of requests that are hostile")
     p.add_argument("--pause-mode", choices=["abort", "wait", "random"], default="random")
     p.add_argument("--model", default=str(CKPT))
-    p.add_argument("--num-kv-blocks", type=int, default=256)
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help=f"default 256, with --hostile {soak_hostile.NUM_KV_BLOCKS}")
+    p.add_argument("--hostile", action="store_true",
+                   help="add the turn-3 kinds (a server with --max-model-len "
+                        f"{soak_hostile.MAX_MODEL_LEN} and {' '.join(soak_hostile.SERVER_FLAGS)})")
+    p.add_argument("--rss-scope", choices=["server", "tree"], default="server",
+                   help="what the RSS limit holds: the server process, or it with its engine core and workers")
+    p.add_argument("--long-prompt-tokens", type=int, default=soak_hostile.LONG_PROMPT_TOKENS,
+                   help="the --hostile long prompt's length in token ids")
     p.add_argument("--warmup-minutes", type=float, default=None,
                    help="mixed traffic before the RSS baseline (default: 10%% of --minutes, 0.25 to 1)")
     p.add_argument("--images", type=int, default=32, help="size of the fixed pool of distinct images")
@@ -43,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.warmup_minutes is None:
         args.warmup_minutes = min(1.0, max(0.25, args.minutes / 10))
+    if args.num_kv_blocks is None:
+        args.num_kv_blocks = soak_hostile.NUM_KV_BLOCKS if args.hostile else 256
+    args.mix = soak_hostile.hostile_mix(args.long_prompt_tokens) if args.hostile else Mix()
     return args
 
 
@@ -51,9 +66,11 @@ async def warm_up(client: httpx.AsyncClient, tally: Tally, args: argparse.Namesp
     traffic: RSS is measured after first-use allocations and after the server's bounded caches (media, encoder,
     prefix) have seen the whole working set."""
     rng = random.Random(f"{args.seed}-warm")
-    reqs = [normal(k, rng) for k in NORMAL for _ in range(2)] + [hostile(k, rng) for k in HOSTILE]
-    reqs += [Req("chat_image", CHAT, json.dumps(chat_body(rng, url=url)).encode())
-             for url in make_pool(args.seed, args.images)]
+    pool = make_pool(args.seed, args.images)
+    if args.hostile:
+        await soak_hostile.prime_renders(client, tally, args.seed)
+    reqs = [normal(k, rng) for k in NORMAL for _ in range(2)] + [args.mix.make(k, rng) for k in args.mix.kinds]
+    reqs += [Req("chat_image", CHAT, json.dumps(chat_body(rng, url=url)).encode()) for url in pool]
     gate = asyncio.Semaphore(args.concurrency)
 
     async def one(req: Req) -> None:
@@ -61,14 +78,25 @@ async def warm_up(client: httpx.AsyncClient, tally: Tally, args: argparse.Namesp
             tally.record(req, await send(client, req))
     await asyncio.gather(*(one(r) for r in reqs))
     deadline = time.monotonic() + 60 * args.warmup_minutes
-    await asyncio.gather(*(worker(client, tally, random.Random(f"{args.seed}-warm-{w}"), deadline, args.hostile_share)
+    busy: set[str] = set()
+    await asyncio.gather(*(worker(client, tally, random.Random(f"{args.seed}-warm-{w}"), deadline, args, busy)
                            for w in range(args.concurrency)))
 
 
-async def worker(client: httpx.AsyncClient, tally: Tally, rng: random.Random, deadline: float, share: float) -> None:
+async def worker(client: httpx.AsyncClient, tally: Tally, rng: random.Random, deadline: float,
+                 args: argparse.Namespace, busy: set[str]) -> None:
+    """Requests until the deadline; a heavy kind is drawn only while no other worker has one of it in flight."""
+    mix: Mix = args.mix
     while time.monotonic() < deadline:
-        req = pick(rng, share)
-        tally.record(req, await send(client, req))
+        req = pick(rng, args.hostile_share, mix, busy)
+        heavy = req.kind in mix.heavy
+        if heavy:
+            busy.add(req.kind)
+        try:
+            tally.record(req, await send(client, req))
+        finally:
+            if heavy:
+                busy.discard(req.kind)
 
 
 async def control(client: httpx.AsyncClient, tally: Tally, run_s: float, mode: str, model: str,
@@ -90,116 +118,50 @@ async def control(client: httpx.AsyncClient, tally: Tally, run_s: float, mode: s
     resp = await client.post("/resume")
     log.append(f"/resume at {t0 - tally.start:.2f}s -> {resp.status_code} {resp.text[:200]}")
     await asyncio.sleep(max(0.0, start + run_s * 0.65 - time.monotonic()))
-    t0, rss = time.monotonic(), rss_kib(pid)
+    t0, rss = time.monotonic(), tree_rss_kib(pid)
     resp = await client.post("/update_weights_from_disk", json={"model_path": model})
     log.append(f"/update_weights_from_disk at {t0 - tally.start:.2f}-{time.monotonic() - tally.start:.2f}s -> "
-               f"{resp.status_code} {resp.text[:200]} (server rss {rss / 1024:.1f} -> {rss_kib(pid) / 1024:.1f} MiB)")
+               f"{resp.status_code} {resp.text[:200]} (server rss {rss / 1024:.1f} -> "
+               f"{tree_rss_kib(pid) / 1024:.1f} MiB)")
     return log
 
 
-async def sample_rss(pid: int, run_s: float, every: int = 6) -> list[int]:
-    """The server's RSS (KiB) `every` times during the run: a plateau is a cache filling, a ramp is a leak."""
-    out = []
-    for _ in range(every):
-        await asyncio.sleep(run_s / every)
-        out.append(rss_kib(pid))
-    return out
-
-
-@dataclass
-class Result:
-    tally: Tally
-    rss: tuple[int, int]  # KiB after warm-up, KiB at the end
-    rss_samples: list[int]
-    metrics: dict[str, float]
-    control: list[str]
-    elapsed: float
-
-    @property
-    def growth_pct(self) -> float:
-        return 100.0 * (self.rss[1] - self.rss[0]) / self.rss[0]
+async def sample_rss(pid: int, out: list[int]) -> None:
+    """The server tree's RSS (KiB) every RSS_PERIOD_S into `out` until cancelled: a plateau is a cache filling, a
+    ramp is a leak, a spike is one request's working set."""
+    while True:
+        out.append(tree_rss_kib(pid))
+        await asyncio.sleep(RSS_PERIOD_S)
 
 
 async def run(args: argparse.Namespace, proc: subprocess.Popen[bytes], base: str) -> Result:
     """Warm up, take the RSS baseline, run the workers and the control task until the deadline, then settle."""
-    tally = Tally()
+    tally = Tally(probe=lambda: tree_rss_kib(proc.pid))
     headers = {"Authorization": f"Bearer {API_KEY}"}
     keep = 0 if args.no_keepalive else args.concurrency + 4
     limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=keep)
     fresh = httpx.Limits(max_keepalive_connections=0)  # control and metrics: a new connection per call
-    async with (httpx.AsyncClient(base_url=base, headers=headers, timeout=180, limits=limits) as client,
-                httpx.AsyncClient(base_url=base, headers=headers, timeout=180, limits=fresh) as admin):
+    samples: list[int] = []
+    watch = asyncio.create_task(sample_rss(proc.pid, samples))
+    async with (httpx.AsyncClient(base_url=base, headers=headers, timeout=CLIENT_TIMEOUT_S, limits=limits) as client,
+                httpx.AsyncClient(base_url=base, headers=headers, timeout=CLIENT_TIMEOUT_S, limits=fresh) as admin):
         await warm_up(client, tally, args)
         await settle(admin)
-        rss0 = rss_kib(proc.pid)
+        rss0, own0, warm = tree_rss_kib(proc.pid), rss_kib(proc.pid), len(samples)
         mode = args.pause_mode if args.pause_mode != "random" else random.Random(args.seed).choice(["abort", "wait"])
         run_s, t_start = args.minutes * 60, time.monotonic()
         deadline = t_start + run_s
         ctl = asyncio.create_task(control(admin, tally, run_s, mode, args.model, proc.pid))
-        samples = asyncio.create_task(sample_rss(proc.pid, run_s))
-        await asyncio.gather(*(worker(client, tally, random.Random(f"{args.seed}-{w}"), deadline, args.hostile_share)
+        busy: set[str] = set()
+        await asyncio.gather(*(worker(client, tally, random.Random(f"{args.seed}-{w}"), deadline, args, busy)
                                for w in range(args.concurrency)))
         control_log = await ctl
         elapsed = time.monotonic() - t_start
         metrics = await settle(admin)
-        rss1 = rss_kib(proc.pid)
-    return Result(tally, (rss0, rss1), await samples, metrics, control_log, elapsed)
-
-
-def verdict(res: Result, alive: bool) -> tuple[bool, str]:
-    """PASS: no lost answer, no 5xx, RSS growth under RSS_LIMIT_PCT, every KV block free, control calls 200."""
-    tally, metrics, growth = res.tally, res.metrics, res.growth_pct
-    bad_control = [c for c in res.control if " -> 200 " not in c]
-    reasons = [f"{count(tally.lost)} lost", f"{count(tally.fivexx)} 5xx", f"rss {growth:+.1f}%"]
-    ok = not tally.lost and not tally.fivexx and growth < RSS_LIMIT_PCT and alive and not bad_control
-    if KV_FREE in metrics and KV_TOTAL in metrics:
-        free, total = int(metrics[KV_FREE]), int(metrics[KV_TOTAL])
-        reasons.append(f"kv {free}/{total} free")
-        ok = ok and free == total
-    else:
-        reasons.append(f"kv gauges missing ({KV_FREE}, {KV_TOTAL})")
-        ok = False
-    if bad_control:
-        reasons.append(f"{len(bad_control)} control calls failed")
-    if not alive:
-        reasons.append("server died")
-    return ok, f"soak: {'PASS' if ok else 'FAIL'} ({', '.join(reasons)})"
-
-
-def print_bucket(title: str, bucket: dict[str, list[str]], examples: int = 3) -> None:
-    """Each distinct outcome once, with its count and up to `examples` distinct requests that caused it."""
-    print(f"{title}: {count(bucket)}")
-    for key, reqs in sorted(bucket.items(), key=lambda kv: -len(kv[1])):
-        print(f"  {len(reqs)}x {key}")
-        seen: dict[str, str] = {}
-        for r in reqs:
-            seen.setdefault(r.split(": ", 1)[1], r)
-        for r in list(seen.values())[:examples]:
-            print(f"      {r}")
-
-
-def report(args: argparse.Namespace, res: Result, errors: list[str]) -> None:
-    tally, metrics, (rss0, rss1) = res.tally, res.metrics, res.rss
-    print(f"minutes: {res.elapsed / 60:.2f} (asked {args.minutes}), concurrency {args.concurrency}, "
-          f"seed {args.seed}, hostile share {args.hostile_share}, warm-up {args.warmup_minutes:g} min")
-    print(f"requests sent: {sum(tally.sent.values())} (warm-up included)")
-    for kind, n in sorted(tally.sent.items()):
-        print(f"  {kind:26s} {n}")
-    print("responses by status: " + ", ".join(f"{s}: {n}" for s, n in sorted(tally.statuses.items())))
-    print(f"expected 503 aborts (in flight during /pause abort): {tally.expected_aborts}")
-    print("(times: seconds since the soak began, warm-up included)")
-    for line in res.control:
-        print(f"control: {line}")
-    print_bucket("hostile requests answered 200 (listed, not a failure)", tally.hostile_accepted)
-    print_bucket("lost answers", tally.lost)
-    print_bucket("5xx answers", tally.fivexx)
-    print(f"server tracebacks: {len(errors)} distinct" + "".join(f"\n  {e}" for e in errors[:20]))
-    kv = (f"{int(metrics[KV_FREE])}/{int(metrics[KV_TOTAL])}" if KV_FREE in metrics and KV_TOTAL in metrics
-          else f"not exposed (expected gauges {KV_FREE} and {KV_TOTAL})")
-    print(f"kv blocks free/total at end: {kv}")
-    print(f"server rss: start {rss0 / 1024:.1f} MiB, end {rss1 / 1024:.1f} MiB, "
-          f"growth {res.growth_pct:+.2f}%; during the run (MiB): "
-          + " ".join(f"{k / 1024:.1f}" for k in res.rss_samples))
+        rss1, own1 = tree_rss_kib(proc.pid), rss_kib(proc.pid)
+    watch.cancel()
+    return Result(tally, (rss0, rss1), (own0, own1), samples[warm:], max(samples[:warm], default=rss0), metrics,
+                  control_log, elapsed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     fd, name = tempfile.mkstemp(prefix="soak-server-", suffix=".log")
     os.close(fd)
     log_path = Path(name)
-    proc, base = start_server(args.model, args.num_kv_blocks, log_path)
+    extra = (soak_hostile.MAX_MODEL_LEN, soak_hostile.SERVER_FLAGS) if args.hostile else ()
+    proc, base = start_server(args.model, args.num_kv_blocks, log_path, *extra)
     try:
         res = asyncio.run(run(args, proc, base))
         alive = proc.poll() is None
@@ -228,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server log: {log_path}")
     else:
         log_path.unlink(missing_ok=True)
-    ok, line = verdict(res, alive)
+    ok, line = verdict(res, alive, args.rss_scope)
     print(line)
     return 0 if ok else 1
 

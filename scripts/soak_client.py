@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -38,6 +40,7 @@ class Outcome:
     lost: bool = False
     t0: float = 0.0
     t1: float = 0.0
+    nbytes: int = 0  # the answer's body (plain answers only)
 
 
 @dataclass
@@ -47,6 +50,12 @@ class Tally:
     hostile_accepted: dict[str, list[str]] = field(default_factory=dict)  # hostile requests answered 200
     lost: dict[str, list[str]] = field(default_factory=dict)  # "kind path -> status detail": request bodies
     fivexx: dict[str, list[str]] = field(default_factory=dict)
+    innocent: dict[str, list[str]] = field(default_factory=dict)  # normal requests answered neither 200 nor 5xx
+    unexpected: dict[str, list[str]] = field(default_factory=dict)  # requests with `expect` given another status
+    watched: dict[str, list[tuple[str, int, float, int, str]]] = field(default_factory=dict)  # expect kinds:
+    # status, body bytes, seconds, server tree RSS (KiB) when the answer came, the answer's start
+    innocent_s: list[float] = field(default_factory=list)  # seconds of each normal request
+    probe: Callable[[], int] | None = None  # the server's RSS now (KiB), read after each watched answer
     start: float = field(default_factory=time.monotonic)
     expected_aborts: int = 0
     abort_window: tuple[float, float] | None = None  # (sent /pause abort, its answer came)
@@ -56,24 +65,45 @@ class Tally:
         w = self.abort_window
         return w is not None and ABORTED in out.detail and out.t0 <= w[1] + 0.5 and out.t1 >= w[0]
 
+    def _bucket(self, req: Req, out: Outcome, code: str) -> dict[str, list[str]] | None:
+        """Where a request's outcome is listed (None: it was what it should be)."""
+        if out.lost:
+            return self.lost
+        if code.startswith("5") and self.expected_abort(out):
+            self.expected_aborts += 1
+            return None
+        if req.expect is not None:
+            return None if expected(req.expect, code, out.detail) else self.unexpected
+        if code.startswith("5"):
+            return self.fivexx
+        if req.hostile and code == "200":
+            return self.hostile_accepted
+        if not req.hostile and code != "200" and out.status != "client-disconnect":
+            return self.innocent
+        return None
+
     def record(self, req: Req, out: Outcome) -> None:
         self.sent[req.kind] += 1
         self.statuses[out.status] += 1
-        key = f"{req.kind} {req.path} -> {out.status} {out.detail[:300]!r}"
         code = out.status.rsplit("-", 1)[-1]
-        if out.lost:
-            bucket = self.lost
-        elif code.startswith("5") and self.expected_abort(out):
-            self.expected_aborts += 1
+        if req.expect is not None:
+            rss = self.probe() if self.probe is not None else 0
+            self.watched.setdefault(req.kind, []).append((out.status, out.nbytes, out.t1 - out.t0, rss,
+                                                          out.detail[:300]))
+        elif not req.hostile:
+            self.innocent_s.append(out.t1 - out.t0)
+        bucket = self._bucket(req, out, code)
+        if bucket is None:
             return
-        elif code.startswith("5"):
-            bucket = self.fivexx
-        elif req.hostile and code == "200":
-            bucket, key = self.hostile_accepted, req.kind
-        else:
-            return
+        key = f"{req.kind} {req.path} -> {out.status} {out.detail[:300]!r}"
+        key = req.kind if bucket is self.hostile_accepted else key
         when = f"at {out.t0 - self.start:.2f}-{out.t1 - self.start:.2f}s"
         bucket.setdefault(key, []).append(f"{when}: {brief(req.body)}")
+
+
+def expected(expect: dict[str, str], code: str, detail: str) -> bool:
+    """The status is one of `expect` and the answer matches that status's regex."""
+    return code in expect and re.search(expect[code], detail) is not None
 
 
 def count(bucket: dict[str, list[str]]) -> int:
@@ -91,7 +121,7 @@ def _check_choices(body: dict[str, object], n: int) -> str:
 
 async def _plain(client: httpx.AsyncClient, req: Req, out: Outcome) -> Outcome:
     resp = await client.post(req.path, content=req.body, headers={"content-type": "application/json"})
-    out.status, out.detail = str(resp.status_code), resp.text[:2000]
+    out.status, out.detail, out.nbytes = str(resp.status_code), resp.text[:2000], len(resp.content)
     if resp.status_code == 200:
         try:
             problem = _check_choices(resp.json(), req.n)

@@ -17,13 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 API_KEY = "soak-key"
 
 
-def start_server(model: str, num_kv_blocks: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(model: str, num_kv_blocks: int, log_path: Path, max_model_len: int = 1024,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
     """`python -m servers.cli serve` in a child process on a free loopback port, its output to log_path."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     args = [sys.executable, "-m", "servers.cli", "serve", model, "--port", str(port), "--api-key", API_KEY,
-            "--max-model-len", "1024", "--num-kv-blocks", str(num_kv_blocks), "--log-level", "warning"]
+            "--max-model-len", str(max_model_len), "--num-kv-blocks", str(num_kv_blocks), "--log-level", "warning",
+            *extra]
     with log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
                                 stderr=subprocess.STDOUT)
@@ -45,6 +47,27 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        out += [int(c) for c in task.read_text().split()]
+    return out
+
+
+def tree_rss_kib(pid: int) -> int:
+    """VmRSS of `pid` and all its descendants (the engine core and template workers are children), in KiB."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += rss_kib(p)
+            todo += _children(p)
+        except (OSError, RuntimeError):  # a template worker killed at its deadline is gone between the reads
+            if p == pid:
+                raise
+    return total
 
 
 async def read_metrics(client: httpx.AsyncClient) -> dict[str, float]:

@@ -6,8 +6,8 @@ import base64
 import io
 import json
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field
 
 from PIL import Image, ImageDraw
 
@@ -27,6 +27,7 @@ class Req:
     n: int = 1
     hostile: bool = False
     disconnect_after: int | None = None  # stream: close after this many events (0: right after the headers)
+    expect: dict[str, str] | None = None  # the statuses it must get, each with a regex its answer must match
 
 
 def make_image(rng: random.Random) -> str:
@@ -183,8 +184,19 @@ def hostile(kind: str, rng: random.Random) -> Req:
     return Req(kind, path, body, hostile=True)
 
 
-def pick(rng: random.Random, hostile_share: float) -> Req:
+@dataclass(frozen=True)
+class Mix:
+    """The hostile side of the traffic: its kinds, how one is built, and the kinds kept to one in flight."""
+
+    kinds: tuple[str, ...] = HOSTILE
+    make: Callable[[str, random.Random], Req] = hostile
+    heavy: frozenset[str] = field(default_factory=frozenset)
+
+
+def pick(rng: random.Random, hostile_share: float, mix: Mix | None = None, busy: Container[str] = ()) -> Req:
+    """A normal request, or with probability hostile_share a hostile one of a kind not in `busy`."""
     if rng.random() < hostile_share:
-        return hostile(rng.choice(HOSTILE), rng)
+        mix = mix or Mix()
+        return mix.make(rng.choice([k for k in mix.kinds if k not in busy]), rng)
     kinds, weights = zip(*NORMAL.items(), strict=True)
     return normal(rng.choices(kinds, weights)[0], rng)

@@ -10,13 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mm_infer import cli as library_cli
+from mm_infer.prompt.template_workers import TemplateLimits
 from servers.cli_flags import add_serve_flags
 from servers.openai.config import FetchConfig, MediaCaps, ServerConfig
 from servers.vllm_flags import FlagError, add_vllm_flags, check_tokenizer, ignored_flag_warnings, vllm_argv
 
 ENGINE_FLAGS = ("dtype", "max_model_len", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "seed",
                 "kv_cache_memory_bytes", "gpu_memory_utilization", "device", "block_size", "enable_prefix_caching",
-                "enforce_eager", "video_sampler", "mrope_after_video")
+                "enforce_eager", "video_sampler", "mrope_after_video", "max_grammar_bytes", "grammar_timeout_s",
+                "grammar_cache_bytes", "long_prefill_token_threshold")
 log = logging.getLogger("mm_infer.server")
 
 
@@ -45,6 +47,10 @@ def _check(args: argparse.Namespace) -> None:
     """Combinations vLLM refuses, and vLLM flags whose value only the model can tell."""
     if args.enable_auto_tool_choice and not args.tool_parser:
         raise FlagError("--enable-auto-tool-choice requires --tool-call-parser")
+    if args.max_logprob_entries < 1:
+        raise FlagError("--max-logprob-entries must be at least 1")
+    if args.template_workers < 1 or args.template_timeout <= 0:
+        raise FlagError("--template-workers must be at least 1 and --template-timeout positive")
     refused = check_tokenizer(args)
     if refused:
         raise FlagError(refused)
@@ -67,9 +73,11 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         caps=MediaCaps(image_max_pixels=args.max_pixels, video_max_pixels=args.video_max_pixels,
                        max_video_frames=args.max_video_frames, max_video_fps=args.max_video_fps,
                        video_defaults=args.media_io_kwargs),
-        max_sequences_per_request=args.max_sequences_per_request, metrics_public=args.metrics_public,
+        max_sequences_per_request=args.max_sequences_per_request, max_logprob_entries=args.max_logprob_entries,
+        metrics_public=args.metrics_public,
         body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
         shutdown_timeout_s=args.shutdown_timeout,
+        templates=TemplateLimits(workers=args.template_workers, timeout_s=args.template_timeout),
         allowed_weights_paths=tuple(Path(p) for p in args.allowed_weights_path) or None)
 
 

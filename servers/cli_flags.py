@@ -208,6 +208,8 @@ def _add_engine_flags(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-model-len", type=model_len, default=None, help="32768, 32k (32000) or 32K (32768)")
     srv.add_argument("--max-num-seqs", type=int, default=None)
     srv.add_argument("--max-num-batched-tokens", type=token_count, default=None, help="token budget of one step")
+    srv.add_argument("--long-prefill-token-threshold", type=token_count, default=None,
+                     help="most prompt tokens one request prefills in a step (0: the step's budget)")
     srv.add_argument("--num-kv-blocks", "--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None)
     srv.add_argument("--block-size", type=int, default=None, choices=BLOCK_SIZES, help="tokens per KV block (16)")
     srv.add_argument("--kv-cache-memory-bytes", type=byte_count, default=None,
@@ -225,6 +227,9 @@ def _add_engine_flags(srv: argparse.ArgumentParser) -> None:
 def _add_limit_flags(srv: argparse.ArgumentParser) -> None:
     """Per-request limits, slow-client deadlines, shutdown and what refits and /metrics may touch."""
     srv.add_argument("--max-sequences-per-request", type=int, default=256, help="prompts x n in one request")
+    srv.add_argument("--max-logprob-entries", type=token_count, default=1 << 20,
+                     help="logprobs one answer may carry: n x new tokens x (1 + top logprobs), plus the prompt's "
+                          "(1M = 1048576); past it a 400")
     srv.add_argument("--metrics-public", action="store_true", help="/metrics and /version without the API key")
     srv.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a whole request body to arrive")
     srv.add_argument("--header-timeout", type=float, default=10.0,
@@ -236,3 +241,13 @@ def _add_limit_flags(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--weight-transfer-config", type=weight_transfer_config, default=None,
                      help='weights broadcast by a trainer: \'{"backend": "nccl"}\' (CUDA) or gloo (CPU)')
     srv.add_argument("--enable-sleep-mode", action="store_true", help="serve /sleep and /wake_up (vLLM's levels)")
+    srv.add_argument("--template-workers", type=int, default=2,
+                     help="subprocesses that render a request's own chat_template (each killable)")
+    srv.add_argument("--template-timeout", type=float, default=5.0,
+                     help="seconds a request's own chat_template may render (then its worker is killed: a 400)")
+    srv.add_argument("--max-grammar-bytes", dest="max_grammar_bytes", type=byte_count, default=None,
+                     help="largest structured-outputs spec (JSON schema, regex, EBNF) a request may send (256K)")
+    srv.add_argument("--grammar-timeout", dest="grammar_timeout_s", type=float, default=None,
+                     help="seconds a grammar may take to compile, off the step loop (30); past it a 400")
+    srv.add_argument("--grammar-cache-bytes", type=byte_count, default=None,
+                     help="memory kept for compiled grammars, least recently used dropped first (256M)")

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mm_infer.distributed.coalesce import latest_only
+from mm_infer.distributed.errors import portable_error
 from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
@@ -83,17 +84,24 @@ class EngineReplica:
 
     async def generate(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
                        affinity_key: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Snapshots of one request, at most one per stream interval (always the final one), stamped."""
-        source = await self._start(request, media, params, request_id, affinity_key)
-        async for out in latest_only(source, self.stream_interval_s):
-            yield self._stamp(out)
+        """Snapshots of one request, at most one per stream interval (always the final one), stamped. A failure
+        crosses to the pool as a portable error (its status and text kept), never as one Ray cannot rebuild."""
+        try:
+            source = await self._start(request, media, params, request_id, affinity_key)
+            async for out in latest_only(source, self.stream_interval_s):
+                yield self._stamp(out)
+        except Exception as exc:
+            raise portable_error(exc) from None
 
     async def generate_final(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
                              affinity_key: str | None = None) -> RequestOutput:
         """Only the final output, stamped: one plain actor call, about a third of a stream's cost to the router."""
         last = None
-        async for out in await self._start(request, media, params, request_id, affinity_key, stream=False):
-            last = out
+        try:
+            async for out in await self._start(request, media, params, request_id, affinity_key, stream=False):
+                last = out
+        except Exception as exc:
+            raise portable_error(exc) from None
         assert last is not None and last.finished, "the engine stream ended without a final output"
         return self._stamp(last)
 

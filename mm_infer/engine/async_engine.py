@@ -58,10 +58,10 @@ class AsyncEngine:
         stream_out = OutputStream(loop, params.output_kind)
         req = prompt if isinstance(prompt, VLMRequest) else \
             await loop.run_in_executor(None, self.core.prepare, prompt)  # media work off the event loop
-        if params.structured_outputs is not None:  # compile (or fail: a 400) off the step lock; add_request hits it
-            await loop.run_in_executor(None, self.core.compile_grammar, params)
+        # compiled (or failed: a 400) on the grammar threads, awaited by this request alone, under the deadline
+        grammar = await self.core.grammars.wait(params.structured_outputs)
         with self._control():
-            self.core.add_request(rid, req, params)
+            self.core.add_request(rid, req, params, grammar=grammar)
             self._streams[rid] = stream_out
         self._wake.set()
         finished = False

@@ -34,7 +34,9 @@ from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
 from mm_infer.structured.grammars import Grammars
 
-__all__ = ["LLMEngine", "resolve_dtype"]
+__all__ = ["COMPILE", "LLMEngine", "resolve_dtype"]
+
+COMPILE: Any = object()  # add_request's default: compile the request's grammar there
 
 
 class LLMEngine:
@@ -61,7 +63,8 @@ class LLMEngine:
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = frozenset(special.eos_ids)
-        self.grammars = Grammars(lambda: self.tokenizer, config.model_dir, self.runtime.vocab_size, special.eos_ids)
+        self.grammars = Grammars(lambda: self.tokenizer, config.model_dir, self.runtime.vocab_size, special.eos_ids,
+                                 config.structured)
         self.groups: dict[str, SequenceGroup] = {}
         self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
@@ -121,8 +124,10 @@ class LLMEngine:
     # --- requests ----------------------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest,
-                    params: SamplingParams | None = None) -> None:
-        """Prepare the prompt (PromptError / MediaError on bad input) and queue its n samples."""
+                    params: SamplingParams | None = None, grammar: Any = COMPILE) -> None:
+        """Prepare the prompt (PromptError / MediaError on bad input) and queue its n samples. `grammar`: the
+        request's compiled grammar when the caller compiled it off the step loop (Grammars.submit / wait), else it
+        is compiled here (blocking this caller, under the grammar deadline)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         if (asleep := self.sleep_state.reason()) is not None:
@@ -132,7 +137,8 @@ class LLMEngine:
         if len(req.prompt_token_ids) >= self.runtime.max_model_len:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
                               f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)")
-        grammar = self.compile_grammar(params)  # an invalid spec fails here, before anything is queued
+        if grammar is COMPILE:
+            grammar = self.compile_grammar(params)  # an invalid spec fails here, before anything is queued
         group = SequenceGroup(request_id, params, req, metrics=RequestMetrics(time.perf_counter()))
         group.seqs = [self._new_sequence(group, i, grammar) for i in range(params.n)]  # all built before queuing
         for seq in group.seqs:
@@ -140,8 +146,9 @@ class LLMEngine:
         self.groups[request_id] = group
 
     def compile_grammar(self, params: SamplingParams) -> Any:
-        """The request's compiled grammar (cached per spec; call it off the step lock to warm the cache), or None;
-        GrammarError (a 400) for an invalid spec."""
+        """The request's compiled grammar (cached per spec), or None; GrammarError (a 400) for an invalid spec, one
+        over the size cap, or one not compiled within the deadline. Blocks the caller: a loop that steps other
+        requests uses `grammars.submit` / `grammars.wait` and passes the result to add_request."""
         return self.grammars.compile(params.structured_outputs)
 
     def _new_sequence(self, group: SequenceGroup, index: int, grammar: Any) -> Sequence:

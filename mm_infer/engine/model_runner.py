@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,9 @@ from mm_infer.prompt.request import MediaItem, VLMRequest
 
 # CPU GEMMs give row-invariant results only from this many rows up; pad smaller batches to it.
 MIN_ROWS = 16
+# Logits (float32 [rows, V]) of one step are made in blocks of rows under this many bytes (prompt logprobs of a
+# long prompt score every row of its chunk).
+LOGIT_BLOCK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -236,21 +240,48 @@ class ModelRunner:
         features = torch.cat([vision[m.item.content_hash][m.first:m.first + m.count] for m in plan.media])  # [K, W]
         return self.model.embed_media(embeds, self._to_device(rows), features)
 
-    def _score_prompt(self, plan: BatchPlan, logits: Tensor, out: StepOutput) -> None:
-        """Prompt logprobs (own token and top-k) from the score rows, which follow the sample rows in `logits`."""
-        row = len(plan.sample_rows)
+    def _logit_blocks(self, hidden: Tensor, picked: list[int], first: int) -> Iterator[tuple[int, Tensor]]:
+        """(first picked index, float32 logits [b, V]) of consecutive blocks of the picked rows of hidden [Np, D].
+
+        The first block holds at least `first` rows (the sampled ones); every block is as long as LOGIT_BLOCK_BYTES
+        allows (at least MIN_ROWS), so prompt scoring's peak is linear in the prompt. A step that fits is one block:
+        one GEMM, as it always was. Later blocks are padded to MIN_ROWS, where rows do not depend on the row count."""
+        vocab = self.model.config.text.vocab_size
+        block = max(first, LOGIT_BLOCK_BYTES // (vocab * 4), MIN_ROWS)
+        for lo in range(0, max(len(picked), 1), block):  # no rows: one empty block, [0, V] logits
+            rows = self._to_device(picked[lo:lo + block])  # [b]
+            pad = self.min_rows if lo == 0 else MIN_ROWS
+            yield lo, self.model.compute_logits(_pad_rows(hidden[rows], pad))[:rows.shape[0]]  # [b, V]
+
+    @staticmethod
+    def _score_rows(logits: Tensor, targets: list[int], k: int | None) -> tuple[list[float], list[dict[int, float]]
+                                                                                 | None, list[int]]:
+        """Own logprob, top-k alternatives and rank of each target token under its row of logits [c, V]."""
+        lps = torch.log_softmax(logits, dim=-1)  # [c, V]
+        tops = None
+        if k:
+            values, idx = torch.topk(lps, k, dim=-1)  # [c, k]
+            tops = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), values.tolist(), strict=True)]
+        own = lps.gather(1, torch.tensor(targets, device=lps.device)[:, None])  # [c, 1]
+        ranks = (lps >= own).sum(dim=-1)  # [c]: the token itself counts, so the most likely has rank 1
+        return own[:, 0].tolist(), tops, ranks.tolist()
+
+    def _score_block(self, plan: BatchPlan, lo: int, logits: Tensor, out: StepOutput) -> None:
+        """Prompt logprobs of the score rows among picked rows [lo, lo + len(logits)) (sample rows come first)."""
+        row = len(plan.sample_rows)  # picked index of the current scoring's first row
+        hi = lo + logits.shape[0]
         for s in plan.scoring:
-            lps = torch.log_softmax(logits[row:row + s.count], dim=-1)  # [count, V]
-            seq = s.chunk.seq
-            targets = torch.tensor(seq.token_ids[s.first_target:s.first_target + s.count], device=lps.device)
-            k = seq.params.prompt_logprobs
-            tops = None
-            if k:
-                values, idx = torch.topk(lps, k, dim=-1)  # [count, k]
-                tops = [dict(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), values.tolist(), strict=True)]
-            own = lps.gather(1, targets[:, None])  # [count, 1]
-            ranks = (lps >= own).sum(dim=-1)  # [count]: the token itself counts, so the most likely has rank 1
-            out.prompt_logprobs[seq.seq_id] = (s.first_target, own[:, 0].tolist(), tops, ranks.tolist())
+            a, b = max(row, lo), min(row + s.count, hi)
+            if a < b:
+                seq = s.chunk.seq
+                first = s.first_target + a - row
+                own, tops, ranks = self._score_rows(logits[a - lo:b - lo], seq.token_ids[first:first + b - a],
+                                                    seq.params.prompt_logprobs)
+                got = out.prompt_logprobs.setdefault(seq.seq_id, (s.first_target, [], None if tops is None else [], []))
+                got[1].extend(own)
+                got[3].extend(ranks)
+                if got[2] is not None and tops is not None:
+                    got[2].extend(tops)
             row += s.count
 
     @torch.inference_mode()
@@ -268,8 +299,10 @@ class ModelRunner:
             input_ids, positions, attn = self._inputs(plan)
             embeds, deepstack = self._embed(plan, input_ids)
             hidden = self.model.forward_hidden(embeds, positions, attn, deepstack)  # [Np, D]
-            picked = self._to_device(plan.sample_rows + plan.score_rows)
-            logits = self.model.compute_logits(_pad_rows(hidden[picked], self.min_rows))[:picked.shape[0]]  # [R, V]
-        out = StepOutput(sample_chunks, logits[:len(plan.sample_rows)], rows)
-        self._score_prompt(plan, logits, out)
+            blocks = self._logit_blocks(hidden, plan.sample_rows + plan.score_rows, len(plan.sample_rows))
+            lo, logits = next(blocks)  # the block of the sampled rows (of no rows, when none samples or scores)
+            out = StepOutput(sample_chunks, logits[:len(plan.sample_rows)], rows)
+            self._score_block(plan, lo, logits, out)
+            for lo, logits in blocks:
+                self._score_block(plan, lo, logits, out)
         return out

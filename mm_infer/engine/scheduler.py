@@ -73,7 +73,7 @@ class Scheduler:
             if seq.group.held:  # its reader is behind: it keeps its blocks and waits
                 i += 1
                 continue
-            n = min(seq.num_pending_tokens, budget)
+            n = self._prefill_cap(seq, min(seq.num_pending_tokens, budget))
             if seq.num_computed_tokens < seq.num_prompt_tokens:  # media only lives in the prompt
                 n = self._clip(seq, n, enc_budget, planned)
             if n == 0:
@@ -102,7 +102,7 @@ class Scheduler:
                 continue
             if seq.params.prompt_logprobs is None or len(seq.prompt_logprobs) == seq.num_prompt_tokens:
                 self.block_manager.match_prefix(seq)
-            n = self._clip(seq, min(seq.num_pending_tokens, budget), enc_budget, planned)
+            n = self._clip(seq, self._prefill_cap(seq, min(seq.num_pending_tokens, budget)), enc_budget, planned)
             if n == 0 or not self.block_manager.allocate(seq, seq.num_computed_tokens + n):
                 self.block_manager.free(seq)
                 self.waiting.appendleft(seq)
@@ -114,6 +114,13 @@ class Scheduler:
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             budget -= n
         self.waiting.extendleft(reversed(skipped))
+
+    def _prefill_cap(self, seq: Sequence, n: int) -> int:
+        """A prompt chunk of at most long_prefill_token_threshold tokens (when set); decode steps are never cut."""
+        cap = self.config.long_prefill_token_threshold
+        if cap and seq.num_computed_tokens < seq.num_prompt_tokens:
+            return min(n, cap)
+        return n
 
     def _sibling_prefilling(self, seq: Sequence) -> bool:
         """A sibling is still computing prompt blocks that seq could reuse from the prefix cache next step."""

@@ -16,7 +16,9 @@ TAGS = ("weights", "kv_cache")
 
 
 class EngineAsleepError(RuntimeError):
-    """The engine cannot serve now (asleep, or its weights not reloaded since a level-2 sleep); says which."""
+    """The engine cannot serve now (asleep, or its weights not reloaded since a level-2 sleep); says which (503)."""
+
+    status = 503
 
 
 @dataclass

@@ -15,6 +15,7 @@ from mm_infer.config import EngineConfig
 from mm_infer.distributed.errors import ReplicaUnavailableError
 from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.slots import restart_delay_s
+from mm_infer.engine.errors import RequestFailedError
 from mm_infer.engine.output_streams import OutputStream
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
@@ -136,6 +137,8 @@ class CoreProcessBackend(MetaReference):
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
+                if item.error is not None:  # the engine failed this request alone: its 400 or 500, as in-thread
+                    raise RequestFailedError(item.error)
                 yield state.restore(item)
                 if finished:
                     return
@@ -166,6 +169,7 @@ class CoreProcessBackend(MetaReference):
     async def update_weights(self, bucket: Bucket, version: int) -> None:
         await self._call("update_weights", bucket, version)
         self._journal(bucket, version)
+        await self._refresh_sleep()
 
     def _journal(self, bucket: Bucket, version: int) -> None:
         with self._lock:
@@ -207,7 +211,9 @@ class CoreProcessBackend(MetaReference):
         return self._sleep
 
     async def _refresh_sleep(self) -> None:
-        self._sleep = await self._call("sleep_state")
+        """After a refit: a level-2 sleeper serves again once every weight was reloaded (the core counts them)."""
+        if self._sleep.weights == "unloaded":
+            self._sleep = await self._call("sleep_state")
 
     def engine_gauges(self) -> dict[str, float]:
         stats = self.client.stats
@@ -252,6 +258,7 @@ class CoreProcessBackend(MetaReference):
             client.stop()
             return
         self.client = client
+        self._sleep = client.info["sleep_state"]  # a fresh core is awake, whatever the one that died was
         self.restarts += 1
         log.warning("the engine core process was restarted (pid %s) at weight version %d", client.process.pid,
                     self._version)

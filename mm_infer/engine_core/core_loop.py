@@ -6,7 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -20,6 +20,7 @@ from mm_infer.engine.weight_receiver import WeightReceiver
 from mm_infer.engine_core import wire
 
 STATS_INTERVAL_S = 0.1  # gauges reach the server at most this often while the engine is busy
+GRAMMAR_POLL_S = 0.005  # how often an idle loop looks for compiled grammars while requests wait for theirs
 
 
 class CoreLoop:
@@ -36,6 +37,9 @@ class CoreLoop:
         self._send_lock = threading.Lock()
         self._side = ThreadPoolExecutor(1, thread_name_prefix="mm-infer-core-transfer")
         self._prompt_sent: set[str] = set()  # requests whose prompt logprobs already went out
+        # requests waiting for their grammar (compiling on the grammar threads): id -> (request, params, future,
+        # deadline); each joins the engine once its grammar is ready, or fails alone
+        self._awaiting: dict[str, tuple[Any, Any, Future[Any], float]] = {}
         self._stats_at = 0.0
         self._calls: dict[str, Callable[..., Any]] = {
             "update_weights": engine.update_weights, "reset_caches": engine.reset_caches,
@@ -67,7 +71,8 @@ class CoreLoop:
         if kind == "add":
             self._add(*message[1:])
         elif kind == "abort":
-            self.engine.abort(message[1])
+            if self._awaiting.pop(message[1], None) is None:
+                self.engine.abort(message[1])
         elif kind == "hold":
             group = self.engine.groups.get(message[1])
             if group is not None:
@@ -78,10 +83,39 @@ class CoreLoop:
             self.running = False
 
     def _add(self, request_id: str, request: Any, params: Any) -> None:
+        """Queue the request; one with a grammar not yet compiled waits for it off the step loop."""
+        spec = params.structured_outputs
+        if spec is None:
+            self._admit(request_id, request, params, None)
+            return
         try:
-            self.engine.add_request(request_id, request, params)
+            future = self.engine.grammars.submit(spec)
+        except Exception as exc:  # over the size cap
+            self.send(("failed", request_id, wire.portable_error(exc)))
+            return
+        if future.done():
+            self._admit(request_id, request, params, future)
+        else:
+            self._awaiting[request_id] = (request, params, future,
+                                          time.monotonic() + self.engine.grammars.timeout_s)
+
+    def _admit(self, request_id: str, request: Any, params: Any, grammar: Future[Any] | None) -> None:
+        try:
+            compiled = None if grammar is None else grammar.result()
+            self.engine.add_request(request_id, request, params, grammar=compiled)
         except Exception as exc:  # a 4xx (prompt too long, bad grammar, asleep): that request only
             self.send(("failed", request_id, wire.portable_error(exc)))
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar is ready join the engine; those past the grammar deadline fail (400)."""
+        now = time.monotonic()
+        for rid, (request, params, future, deadline) in list(self._awaiting.items()):
+            if future.done():
+                del self._awaiting[rid]
+                self._admit(rid, request, params, future)
+            elif now > deadline:
+                del self._awaiting[rid]
+                self.send(("failed", rid, wire.portable_error(self.engine.grammars.timed_out())))
 
     def _call(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
         side = self._side_calls.get(method)
@@ -138,10 +172,12 @@ class CoreLoop:
         """Until told to stop (or the server's end of the pipe closes): drain messages, then step once."""
         while self.running:
             busy = self._busy()
-            if not busy:
+            if not busy and not self._awaiting:
                 self.send(("stats", self.stats()))  # going idle: the gauges as they settle
-            if self.conn.poll(0 if busy else None):
+            if self.conn.poll(0 if busy else GRAMMAR_POLL_S if self._awaiting else None):
                 self._drain()
+            if self._awaiting:
+                self._admit_compiled()
             if self.running and self._busy():
                 self._step()
 

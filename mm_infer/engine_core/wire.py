@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from mm_infer.distributed.errors import portable_error as portable_error  # the core's pipe and replicas share it
 from mm_infer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 SHM_MIN_BYTES = 64 << 10  # tensors at least this big (media frames, refit buckets) travel as shared-memory files
@@ -86,21 +87,6 @@ def remove_files(files: list[str]) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
-
-
-def portable_error(exc: BaseException) -> BaseException:
-    """exc if it survives a pickle round trip with its type and status, else a RuntimeError naming it."""
-    try:
-        back = pickle.loads(pickle.dumps(exc, protocol=5))
-        if type(back) is type(exc) and getattr(back, "status", None) == getattr(exc, "status", None):
-            return exc
-    except Exception:
-        pass
-    plain = RuntimeError(f"{type(exc).__name__}: {exc}")
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        plain.status = status  # type: ignore[attr-defined]
-    return plain
 
 
 _COMPLETION_FIELDS = tuple(f.name for f in fields(CompletionOutput))

@@ -55,9 +55,23 @@ def qwen_num_frames(total: int, video_fps: float, *, fps: float = 2.0, num_frame
         n = total / video_fps * fps
         n = _floor_by(min(max(n, lo), hi, total), factor)
     if not (factor <= n <= total):
-        raise MediaInvalidError(f"cannot sample {n} frames from a video of {total} frames "
-                                f"(need between {factor} and {total})")
+        raise _count_error(n, total, factor, num_frames)
     return int(n)
+
+
+def _count_error(n: int, total: int, factor: int, num_frames: int | None) -> MediaInvalidError:
+    """Why n frames cannot be sampled from `total`, in the terms of what the request sent."""
+    head = f"cannot sample {n} frames from a video of {total} frame{'' if total == 1 else 's'}"
+    if num_frames is not None and n < factor:
+        why = (f"num_frames {num_frames} rounds to {n} (frames are sampled in multiples of the temporal patch, "
+               f"{factor}); ask for at least {factor}")
+    elif total < factor:
+        why = (f"one temporal patch needs {factor} frames (an image sent as a video? send it as image_url)")
+    elif num_frames is not None and n > total:
+        why = f"num_frames {num_frames} is more than the video has"
+    else:
+        why = f"need between {factor} and {total}"
+    return MediaInvalidError(f"{head}: {why}")
 
 
 def _qwen(r: FrameRule) -> list[int]:
@@ -75,7 +89,7 @@ def _hf_count(r: FrameRule) -> int:
         hi = _floor_by(min(r.max_frames, r.total), r.factor)
         n = _floor_by(min(max(r.total / r.video_fps * r.fps, r.min_frames), hi, r.total), r.factor)
     if not 0 < n <= r.total:
-        raise MediaInvalidError(f"cannot sample {n} frames from a video of {r.total} frames")
+        raise _count_error(n, r.total, r.factor, r.num_frames)
     return n
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mm_infer.prompt.placeholders import PromptError
+from mm_infer.prompt.tokenizer import Tokenizer
 
 # keys the renderer sets itself; a caller's chat_template_kwargs may not override them
 RESERVED_KWARGS = {"messages", "add_generation_prompt", "continue_final_message", "tokenize", "tools"}
@@ -69,10 +70,30 @@ class ChatRenderer:
         eos = getattr(tokenizer, "special", {}).get("eos_token") if hasattr(tokenizer, "special") else None
         self.eos_text = eos or getattr(tokenizer, "eos_token", None) or ""
 
+    def template_context(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+                         continue_final_message: bool = False, chat_template_kwargs: Mapping[str, Any] | None = None,
+                         tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """What a jinja template renders with besides `messages` (the options checked): add_generation_prompt, the
+        tokenizer's special tokens, tools and the caller's kwargs. What a template worker is sent."""
+        kwargs = dict(chat_template_kwargs or {})
+        _check_options(messages, add_generation_prompt, continue_final_message, kwargs)
+        kwargs.pop("chat_template", None)
+        if tools:
+            kwargs["tools"] = tools
+        return {**self.special_tokens(), **kwargs, "add_generation_prompt": add_generation_prompt}
+
+    def special_tokens(self) -> dict[str, str | None]:
+        special = getattr(self.tokenizer, "special", None)
+        if isinstance(special, Mapping):
+            return dict(special)
+        return {k: getattr(self.tokenizer, k, None) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+
     def render_text(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, chat_template_kwargs: Mapping[str, Any] | None = None,
-                    tools: list[dict[str, Any]] | None = None, chat_template: str | None = None) -> str:
-        """`chat_template` (jinja text) renders instead of the checkpoint's template."""
+                    tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
+                    max_chars: int | None = None) -> str:
+        """`chat_template` (jinja text) renders instead of the checkpoint's template, in this process (a template
+        a request sent goes to template_workers instead); past `max_chars` characters it fails (PromptError)."""
         kwargs = dict(chat_template_kwargs or {})
         _check_options(messages, add_generation_prompt, continue_final_message, kwargs)
         if chat_template is not None:
@@ -80,6 +101,8 @@ class ChatRenderer:
         if self.has_template or kwargs.get("chat_template") is not None:
             if tools:
                 kwargs["tools"] = tools
+            if max_chars is not None and isinstance(self.tokenizer, Tokenizer):
+                kwargs["max_chars"] = max_chars
             try:
                 text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
                                                           add_generation_prompt=add_generation_prompt, **kwargs)
@@ -92,6 +115,12 @@ class ChatRenderer:
             raise PromptError("this checkpoint has no chat template; send a prompt or token ids", param="messages")
         else:
             text = fallback_render(messages, self.media_tokens, self.eos_text, add_generation_prompt)
+        return self.finish_text(str(text), messages, continue_final_message)
+
+    @staticmethod
+    def finish_text(text: str, messages: Sequence[Mapping[str, Any]], continue_final_message: bool) -> str:
+        """The rendered text as the answer continues it: cut after the final message's text under
+        continue_final_message (the template closed the turn)."""
         if continue_final_message:
             final = _text_of(messages[-1].get("content"))
             at = text.rfind(final) if final else -1
@@ -99,7 +128,7 @@ class ChatRenderer:
                 raise PromptError("continue_final_message: the final message has no text to continue",
                                   param="continue_final_message")
             text = text[:at + len(final)]
-        return str(text)
+        return text
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return flat_token_ids(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -5,28 +5,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-
-def _compile_template(source: str) -> Any:
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+from mm_infer.prompt.jinja_env import compile_template as _compile_template
+from mm_infer.prompt.jinja_env import render
 
 
 class Tokenizer:
@@ -90,9 +73,10 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], tokenize: bool = True,
                             add_generation_prompt: bool = False, chat_template: str | None = None,
-                            **kwargs: Any) -> list[int] | str:
-        """HF semantics; `chat_template` (jinja text) renders instead of the checkpoint's."""
+                            max_chars: int | None = None, **kwargs: Any) -> list[int] | str:
+        """HF semantics; `chat_template` (jinja text) renders instead of the checkpoint's; a rendering that would
+        pass `max_chars` characters fails (jinja_env.TemplateSizeError) before it is built."""
         template = self._template(chat_template)
-        text = template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                               **{**self.special, **kwargs})
+        text = render(template, max_chars, messages=list(messages), add_generation_prompt=add_generation_prompt,
+                      **{**self.special, **kwargs})
         return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -1,4 +1,5 @@
-"""xgrammar for one engine: TokenizerInfo from the checkpoint tokenizer, compiled grammars in an LRU, bitmask fill."""
+"""xgrammar for one engine: TokenizerInfo from the checkpoint tokenizer, compiled grammars in a byte-bounded LRU,
+bitmask fill."""
 
 from __future__ import annotations
 
@@ -13,21 +14,13 @@ import torch
 import xgrammar as xgr
 from torch import Tensor
 
-from mm_infer.structured.params import GrammarKey, StructuredOutputsParams
+from mm_infer.structured.params import GrammarError, GrammarKey, StructuredOutputsParams
+
+__all__ = ["GrammarCompiler", "GrammarError", "choice_grammar", "fill_bitmask", "hf_tokenizer", "tokenizer_info"]
 
 _XGR_PREFIX = re.compile(r"^(\[[\d:]+\] \S+?:\d+: )?(Check failed: \(.*?\) is false: )?")
 _WHAT = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex", "choice": "choice",
          "grammar": "EBNF grammar", "structural_tag": "structural tag"}
-
-
-class GrammarError(ValueError):
-    """A structured-output spec xgrammar cannot compile: the request's own fault (HTTP 400)."""
-
-    status = 400
-
-    def __init__(self, message: str, param: str | None = "structured_outputs") -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def hf_tokenizer(tokenizer: Any, model_dir: str) -> Any:
@@ -65,30 +58,48 @@ def choice_grammar(choices: list[str]) -> str:
 
 
 class GrammarCompiler:
-    """Compiles each (kind, spec) once; keeps the `capacity` most recently used compiled grammars."""
+    """Compiles each (kind, spec) once (thread-safe; Grammars calls it on its own threads); keeps the most recently
+    used compiled grammars up to `cache_bytes` (xgrammar's count of a grammar's memory) and `capacity` entries. A
+    grammar bigger than the whole budget is used but never kept."""
 
-    def __init__(self, info: xgr.TokenizerInfo, capacity: int = 64, max_threads: int = 8) -> None:
+    def __init__(self, info: xgr.TokenizerInfo, capacity: int = 64, max_threads: int = 8,
+                 cache_bytes: int = 256 << 20) -> None:
         self.info = info
         self.capacity = capacity
+        self.cache_bytes = cache_bytes
         self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
-        self._cache: OrderedDict[GrammarKey, xgr.CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[GrammarKey, tuple[xgr.CompiledGrammar, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self.cached_bytes = 0
         self.compilations = 0
 
-    def compile(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
-        key = spec.key()
+    def lookup(self, key: GrammarKey) -> xgr.CompiledGrammar | None:
+        """The cached grammar (now most recently used), or None."""
         with self._lock:
-            if (hit := self._cache.get(key)) is not None:
-                self._cache.move_to_end(key)
-                return hit
+            if (hit := self._cache.get(key)) is None:
+                return None
+            self._cache.move_to_end(key)
+            return hit[0]
+
+    def compile(self, spec: StructuredOutputsParams, key: GrammarKey | None = None) -> xgr.CompiledGrammar:
+        key = key or spec.key()
+        if (hit := self.lookup(key)) is not None:
+            return hit
         compiled = self._compile(spec)  # outside the lock: other requests' grammars compile meanwhile
+        self._keep(key, compiled)
+        return compiled
+
+    def _keep(self, key: GrammarKey, compiled: Any) -> None:
+        size = int(compiled.memory_size_bytes)
         with self._lock:
             self.compilations += 1
-            self._cache[key] = compiled
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.capacity:
-                self._cache.popitem(last=False)
-        return compiled
+            if size > self.cache_bytes or key in self._cache:
+                return
+            self._cache[key] = (compiled, size)
+            self.cached_bytes += size
+            while self.cached_bytes > self.cache_bytes or len(self._cache) > self.capacity:
+                _, (_, freed) = self._cache.popitem(last=False)
+                self.cached_bytes -= freed
 
     def _compile(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
         kind, value, c = spec.kind, getattr(spec, spec.kind), self._compiler

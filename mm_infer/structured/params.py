@@ -6,6 +6,44 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+
+class GrammarError(ValueError):
+    """A structured-output spec that cannot be compiled (invalid, over the size cap, or past the compile deadline):
+    the request's own fault (HTTP 400)."""
+
+    status = 400
+
+    def __init__(self, message: str, param: str | None = "structured_outputs") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+_REF_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def check_local_refs(schema: Any) -> None:
+    """Every $ref must point inside the schema ("#" or "#/..."): xgrammar 0.2.9 warns and then allows any value for
+    any other reference (a remote URL, file://, a relative file, an "#anchor"), so the output would be silently
+    unconstrained. Nothing is ever fetched. ValueError naming the reference and where it is."""
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, f"{path}/{i}") for i, v in enumerate(node))
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            where = f"{path}/{key}"
+            if key in _REF_KEYS and not isinstance(value, dict):  # a dict here is a property named "$ref"
+                if key != "$ref":
+                    raise ValueError(f"structured outputs: {key} (at {where}) is not supported; use $ref to '#/...'")
+                if not (isinstance(value, str) and (value == "#" or value.startswith("#/"))):
+                    raise ValueError(f"structured outputs: the JSON schema's $ref {value!r} (at {where}) does not "
+                                     "point inside the schema; only '#' and '#/...' references are supported (remote "
+                                     "and file:// schemas are never fetched: put the definition under $defs)")
+            stack.append((value, where))
+
+
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 GrammarKey = tuple[str, str, bool]  # (kind, canonical spec text, any_whitespace): one compiled grammar each
 
@@ -48,6 +86,13 @@ class StructuredOutputsParams:
             raise ValueError("structured outputs: choice must be a non-empty list of non-empty strings")
         if kind in ("regex", "grammar", "structural_tag") and (not isinstance(spec, str) or not spec):
             raise ValueError(f"structured outputs: {kind} must be a non-empty string")
+        if kind == "structural_tag":
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError:
+                return  # xgrammar names what is wrong with it when it compiles
+        if kind in ("json", "structural_tag"):
+            check_local_refs(spec)
 
     @property
     def kind(self) -> str:

@@ -79,11 +79,11 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     async def detokenize_route(req: DetokenizeRequest):
         return detokenize(state, req)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD too
     async def health() -> Response:
         return Response(status_code=200 if state.backend.is_alive else 503)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
+    @app.api_route("/ping", methods=["GET", "HEAD", "POST"])
     async def ping() -> Response:  # vLLM's (SageMaker's) health check, open like /health
         return Response(status_code=200 if state.backend.is_alive else 503)
 

@@ -14,7 +14,16 @@ from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.inputs import PromptInput
-from servers.openai.admission import check_sequences, check_text, message_texts
+from servers.openai.admission import (
+    MAX_TEMPLATE_CHARS,
+    check_answer_size,
+    check_rendered,
+    check_sequences,
+    check_text,
+    clamp_lengths,
+    message_texts,
+    text_char_limit,
+)
 from servers.openai.json_out import compact, json_answer, sse
 from servers.openai.messages import parse_messages
 from servers.openai.outputs import (
@@ -63,6 +72,44 @@ from servers.openai.structured import request_parser
 from servers.openai.vllm_fields import template_kwargs
 
 
+async def render_chat_text(state: ServerState, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                           continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None,
+                           tools: list[dict[str, Any]] | None, chat_template: str | None) -> str:
+    """The rendered conversation: the checkpoint's template (or --chat-template) in this process; a template the
+    request sent in a killable worker (state.templates: deadline, memory cap) on the pool's own threads. Either
+    way capped at what the context can hold, and refused (400 naming the cap) before anyone tokenizes it."""
+    tokenizer, renderer = state.preparer.tokenizer, state.preparer.renderer
+    cap = text_char_limit(tokenizer, state.backend.max_model_len)
+    options = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
+               "chat_template_kwargs": chat_template_kwargs, "tools": tools}
+    if chat_template is None or chat_template in (state.config.chat_template, tokenizer.chat_template):
+        own = state.config.chat_template if chat_template is None else chat_template  # the server's: trusted
+        text = await asyncio.to_thread(renderer.render_text, messages, chat_template=own, max_chars=cap, **options)
+        param = "messages"
+    else:
+        context = renderer.template_context(messages, **options)
+        text = renderer.finish_text(await state.templates.render_async(chat_template, messages, context, cap),
+                                    messages, continue_final_message)
+        param = "chat_template"
+    check_rendered(tokenizer, state.backend.max_model_len, text, param)
+    return text
+
+
+def request_template(state: ServerState, chat_template: str | None,
+                     chat_template_kwargs: dict[str, Any] | None) -> tuple[str | None, dict[str, Any] | None]:
+    """The template the request sent (its chat_template, or one under chat_template_kwargs), else None; and the
+    kwargs without it. Past MAX_TEMPLATE_CHARS it is a 400."""
+    kwargs = dict(chat_template_kwargs or {})
+    source = chat_template if chat_template is not None else kwargs.pop("chat_template", None)
+    kwargs.pop("chat_template", None)
+    if source is not None and not isinstance(source, str):
+        raise ApiError(400, "chat_template must be a string", param="chat_template")
+    if source is not None and len(source) > MAX_TEMPLATE_CHARS:
+        raise ApiError(400, f"chat_template is {len(source)} characters, over the limit of {MAX_TEMPLATE_CHARS}",
+                       param="chat_template")
+    return source, (kwargs if chat_template_kwargs is not None else None)
+
+
 async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, add_generation_prompt: bool,
                             continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None,
                             mm_processor_kwargs: dict[str, Any] | None,
@@ -71,26 +118,36 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                             media_io_kwargs: dict[str, Any] | None = None) -> PromptInput:
     """The typed prompt: token ids (earlier turns' exact ids spliced in) plus processed media items; the
     request's chat_template, else the server's, else the checkpoint's."""
-    check_text(state.preparer.tokenizer, state.backend.max_model_len, message_texts(messages), "messages")
+    max_model_len = state.backend.max_model_len
+    check_text(state.preparer.tokenizer, max_model_len, message_texts(messages), "messages")
     chat = parse_messages(messages)
     check_media_counts((ref.kind for ref in chat.media), state.config.limit_mm_per_prompt)
     opts = state.media.options(mm_processor_kwargs, media_io_kwargs)
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-    render = state.preparer.renderer.render
-    kwargs = {"chat_template_kwargs": chat_template_kwargs, "tools": tool_dicts,
-              "chat_template": chat_template or state.config.chat_template, "add_special_tokens": add_special_tokens}
+    source, chat_template_kwargs = request_template(state, chat_template, chat_template_kwargs)
+    renderer = state.preparer.renderer
 
-    def template_ids() -> list[int]:
-        ids = render(chat.messages, add_generation_prompt=add_generation_prompt,
-                     continue_final_message=continue_final_message, **kwargs)
+    async def template_ids() -> list[int]:
+        text = await render_chat_text(state, chat.messages, add_generation_prompt=add_generation_prompt,
+                                      continue_final_message=continue_final_message,
+                                      chat_template_kwargs=chat_template_kwargs, tools=tool_dicts,
+                                      chat_template=source)
         if chat.carried is None:
-            return ids
+            return await asyncio.to_thread(renderer.encode, text, add_special_tokens)
         if bad := [t for t in chat.carried.token_ids if not 0 <= t < state.backend.vocab_size]:
             raise ApiError(400, f"carried token ids outside the vocabulary: {bad[:5]}", param="messages")
-        prefix = render(chat.messages[:chat.carried.message_index + 1], add_generation_prompt=False, **kwargs)
-        return replace_prefix_tokens(state.preparer.tokenizer, chat.carried.token_ids, prefix, ids)
+        prefix = await render_chat_text(state, chat.messages[:chat.carried.message_index + 1],
+                                        add_generation_prompt=False, continue_final_message=False,
+                                        chat_template_kwargs=chat_template_kwargs, tools=tool_dicts,
+                                        chat_template=source)
 
-    ids, items = await asyncio.gather(asyncio.to_thread(template_ids), state.media.resolve(chat.media, opts))
+        def splice() -> list[int]:
+            ids, prefix_ids = renderer.encode(text, add_special_tokens), renderer.encode(prefix, add_special_tokens)
+            return replace_prefix_tokens(state.preparer.tokenizer, chat.carried.token_ids, prefix_ids, ids)
+
+        return await asyncio.to_thread(splice)
+
+    ids, items = await asyncio.gather(template_ids(), state.media.resolve(chat.media, opts))
     return PromptInput(token_ids=ids, images=[it for it in items if it.modality == "image"],
                        videos=[it for it in items if it.modality == "video"], cache_salt=cache_salt)
 
@@ -230,6 +287,9 @@ async def chat_request_prompt(state: ServerState, req: ChatCompletionRequest) ->
     check_tool_choice(req)
     params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
     check_sequences(1, req.n, state.config.max_sequences_per_request)
+    max_model_len, limit = state.backend.max_model_len, state.config.max_logprob_entries
+    params = clamp_lengths(params, max_model_len)
+    check_answer_size(params, max_model_len, limit, [None], param=_logprobs_param(params))
     prompt = await build_chat_prompt(
         state, req.messages, add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message, chat_template_kwargs=template_kwargs(req),
@@ -238,7 +298,20 @@ async def chat_request_prompt(state: ServerState, req: ChatCompletionRequest) ->
         media_io_kwargs=req.media_io_kwargs)
     prompt = truncate_prompt(prompt, truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len),
                              state.preparer.placeholder_ids, state.preparer.merge_size)
+    check_answer_size(params, max_model_len, limit, [expanded_length(prompt, state.preparer.merge_size)],
+                      param=_logprobs_param(params))
     return params, prompt
+
+
+def _logprobs_param(params: SamplingParams) -> str:
+    return "top_logprobs" if params.logprobs is not None else "prompt_logprobs"
+
+
+def expanded_length(prompt: PromptInput, merge_size: int) -> int:
+    """The prompt's length once each media placeholder is expanded to its t*h*w/merge² tokens."""
+    items = [*prompt.images, *prompt.videos]
+    return len(prompt.token_ids or ()) + sum(t * h * w // merge_size ** 2 - 1 for t, h, w in
+                                             (it.grid_thw for it in items))
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):

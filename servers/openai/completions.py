@@ -15,7 +15,7 @@ from fastapi import Request
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
-from servers.openai.admission import check_sequences, check_text
+from servers.openai.admission import check_answer_size, check_sequences, check_text, clamp_lengths
 from servers.openai.json_out import JsonBody, compact
 from servers.openai.outputs import (
     completion_logprobs,
@@ -164,11 +164,17 @@ async def completion_prompts(state: ServerState, req: CompletionRequest
     params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
     texts = split_prompts(req)
     check_sequences(len(texts), req.n, state.config.max_sequences_per_request)
+    max_model_len, limit = state.backend.max_model_len, state.config.max_logprob_entries
+    params = clamp_lengths(params, max_model_len)
+    param = "logprobs" if params.logprobs is not None else "prompt_logprobs"
+    check_answer_size(params, max_model_len, limit, [None] * len(texts), req.n, param)  # before tokenizing
     check_text(state.preparer.tokenizer, state.backend.max_model_len, (p for p in texts if isinstance(p, str)),
                "prompt")
     keep = truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len)
     full = await asyncio.to_thread(prompt_ids, state, req, texts)
-    return params, texts, full, [truncate_ids(ids, keep) for ids in full]
+    kept = [truncate_ids(ids, keep) for ids in full]
+    check_answer_size(params, max_model_len, limit, [len(ids) for ids in kept], req.n, param)
+    return params, texts, full, kept
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):

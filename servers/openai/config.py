@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mm_infer.prompt.template_workers import TemplateLimits
+
 
 @dataclass(frozen=True)
 class FetchConfig:
@@ -43,11 +45,13 @@ class ServerConfig:
     tool_parser: str | None = None
     fetch: FetchConfig = field(default_factory=FetchConfig)
     caps: MediaCaps = field(default_factory=MediaCaps)
+    templates: TemplateLimits = field(default_factory=TemplateLimits)  # how a request's own chat_template runs
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int | None = None  # None: one engine in this process; N: N Ray actors behind a router
     ray_address: str | None = None  # None: start a local Ray
     engine_core: str = "thread"  # "thread": the engine steps on a thread here; "process": in its own process
     max_sequences_per_request: int = 256  # prompts x n in one request
+    max_logprob_entries: int = 1 << 20  # logprobs one answer may carry: n x new tokens x (1 + top k), + the prompt's
     metrics_public: bool = False  # /metrics and /version answer without the API key
     body_timeout_s: float = 30.0  # the whole request body must arrive within this
     header_timeout_s: float = 10.0  # ... and its headers within this of the connection (or of the last response)

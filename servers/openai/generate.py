@@ -12,7 +12,7 @@ from fastapi import Request
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
-from servers.openai.admission import check_sequences
+from servers.openai.admission import check_answer_size, check_sequences, clamp_lengths
 from servers.openai.features import check_placeholders, item_spans, resolve_items
 from servers.openai.generate_protocol import (
     GenerateChoice,
@@ -137,6 +137,10 @@ async def generate_tokens(state: ServerState, req: GenerateRequest, request: Req
     _check(state, req)
     params = to_engine_params(req.sampling_params, state.backend.vocab_size)
     check_sequences(1, params.n, state.config.max_sequences_per_request)
+    max_model_len = state.backend.max_model_len
+    params = clamp_lengths(params, max_model_len)
+    param = "sampling_params." + ("logprobs" if params.logprobs is not None else "prompt_logprobs")
+    check_answer_size(params, max_model_len, state.config.max_logprob_entries, [len(req.token_ids)], param=param)
     prepared = await prepare_generate(state, req)
     rid = f"generate-tokens-{base_id}"
     gen = Generation(state, prepared, params, rid, req.affinity_key, req.stream)

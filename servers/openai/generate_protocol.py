@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from mm_infer.engine.sampling import LOGPROBS_MODES, RequestOutputKind, SamplingParams
-from servers.openai.protocol import StreamOptions, Strict
+from servers.openai.admission import check_logit_bias, check_stops
+from servers.openai.protocol import INT64_MAX, StreamOptions, Strict, top_k_within
 from servers.openai.replies import ApiError, PromptMediaOut, Usage
 
 MODALITIES = ("image", "video")
@@ -55,11 +56,11 @@ class GenerateSampling(Strict):
     n: int = Field(default=1, ge=1, le=128)
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = 1.0
-    top_k: int = 0
+    top_k: int = Field(default=0, ge=-1, le=INT64_MAX)  # past the vocabulary: disabled
     min_p: float = 0.0
     seed: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1)  # None: up to the context length (vLLM's server default)
-    min_tokens: int = 0
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)  # None: up to the context (vLLM's default)
+    min_tokens: int = Field(default=0, ge=0, le=INT64_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
@@ -116,8 +117,12 @@ def to_engine_params(sp: GenerateSampling, vocab_size: int) -> SamplingParams:
     if bad := [t for t in [*(sp.stop_token_ids or []), *(sp.logit_bias or {})] if not 0 <= t < vocab_size]:
         raise ApiError(400, f"sampling_params: token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
                        param="sampling_params")
+    check_stops(sp.stop, "sampling_params.stop")  # the caps chat and completions apply
+    check_logit_bias(sp.logit_bias, "sampling_params.logit_bias")
+    fields = {name: getattr(sp, name) for name in _OURS}
+    fields["top_k"] = top_k_within(sp.top_k, vocab_size)
     try:
-        return SamplingParams(**{name: getattr(sp, name) for name in _OURS})
+        return SamplingParams(**fields)
     except (ValueError, TypeError) as e:
         raise ApiError(400, f"sampling_params: {e}", param="sampling_params") from None
 

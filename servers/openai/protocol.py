@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +19,8 @@ from servers.openai.vllm_fields import (
     check_prompt_logprobs,
     check_vllm_fields,
 )
+
+INT64_MAX = 2**63 - 1  # token counts past this are a 400 (past the context they are clamped to it)
 
 
 class Strict(BaseModel):
@@ -119,7 +122,7 @@ class SamplingFields(Strict, VllmSamplingFields, StructuredFields):
     """Fields shared by chat and text completions (OpenAI names, then vLLM extensions)."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     n: int = Field(default=1, ge=1, le=128)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -131,10 +134,10 @@ class SamplingFields(Strict, VllmSamplingFields, StructuredFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=INT64_MAX)  # past the vocabulary: disabled
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = Field(default=0, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
@@ -150,7 +153,7 @@ class SamplingFields(Strict, VllmSamplingFields, StructuredFields):
 
 class ChatCompletionRequest(SamplingFields, VllmChatFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
@@ -165,7 +168,7 @@ class ChatCompletionRequest(SamplingFields, VllmChatFields):
 
 class CompletionRequest(SamplingFields, VllmCompletionFields):
     prompt: str | list[int] | list[str | list[int]]
-    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default for text completions; 0 only with echo
+    max_tokens: int | None = Field(default=16, ge=0, le=INT64_MAX)  # OpenAI's completions default; 0 with echo only
     logprobs: int | None = Field(default=None, ge=0, le=20)
     add_special_tokens: bool = True
 
@@ -208,17 +211,24 @@ class UpdateWeightsFromDiskRequest(Strict):
     allow_nonfinite: bool = False  # load tensors holding NaN or inf (refused by default)
 
 
+_TOKEN_ID = re.compile(r"-?[0-9]{1,18}")  # ASCII digits only: "²".isdigit() is True, int("²") is an error
+
+
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """logit_bias's keys as token ids (values are range-checked by admission.check_logit_bias)."""
     if not raw:
         return None
     out: dict[int, float] = {}
     for key, value in raw.items():
-        if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
+        if _TOKEN_ID.fullmatch(key) is None or not 0 <= int(key) < vocab_size:
             raise ApiError(400, f"logit_bias key {key!r} is not a token id in [0, {vocab_size})", param="logit_bias")
-        if not -100.0 <= value <= 100.0:
-            raise ApiError(400, f"logit_bias value {value} is outside [-100, 100]", param="logit_bias")
         out[int(key)] = float(value)
     return out
+
+
+def top_k_within(top_k: int, vocab_size: int) -> int:
+    """top_k at or past the vocabulary keeps every token: disabled (0), as vLLM's input batch treats it."""
+    return 0 if top_k >= vocab_size else top_k
 
 
 def _top_logprobs(req: SamplingFields) -> int | None:
@@ -276,7 +286,8 @@ def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str,
     try:
         return SamplingParams(
             n=req.n, temperature=sampling_value("temperature", req.temperature, defaults),
-            top_p=sampling_value("top_p", req.top_p, defaults), top_k=sampling_value("top_k", req.top_k, defaults),
+            top_p=sampling_value("top_p", req.top_p, defaults),
+            top_k=top_k_within(sampling_value("top_k", req.top_k, defaults), vocab_size),
             min_p=sampling_value("min_p", req.min_p, defaults), seed=req.seed, max_tokens=_max_tokens(req, defaults),
             min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
             include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,

@@ -246,11 +246,13 @@ def error_response(status: int, message: str, param: str | None = None, type: st
 
 
 def from_exception(exc: BaseException) -> ApiError:
-    """ApiError for anything a request can raise: MediaError / PromptError keep their .status (400/413/415)."""
+    """ApiError for anything a request can raise. An error with a .status (MediaError / PromptError 400/413/415, an
+    engine's RequestFailedError 400/500, asleep or no replica 503) keeps it and its text, which is written for the
+    client, whichever backend (thread, core process, replica) raised it; anything else is a 500 naming its type."""
     if isinstance(exc, ApiError):
         return exc
     status = getattr(exc, "status", None)
-    if isinstance(status, int) and (400 <= status < 500 or status == 503):  # 503: no replica / replica died
+    if isinstance(status, int) and 400 <= status < 600:
         return ApiError(status, str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, ValueError):
         return ApiError(400, str(exc))

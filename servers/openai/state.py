@@ -9,6 +9,7 @@ from typing import Any
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.media import MediaLimits, MediaProcessor
 from mm_infer.prompt.preparer import PromptPreparer
+from mm_infer.prompt.template_workers import TemplateWorkers
 from mm_infer.serving import EngineBackend, LocalBackend
 from servers.openai.config import ServerConfig
 from servers.openai.features import FeatureStore
@@ -30,6 +31,7 @@ class ServerState:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # generation_config defaults (vLLM's rule)
     features: FeatureStore = field(default_factory=lambda: FeatureStore(256 << 20))  # render's items, by hash
     metrics: Metrics = field(default_factory=Metrics)
+    templates: TemplateWorkers = field(default_factory=TemplateWorkers)  # a request's own chat_template renders here
     created: int = field(default_factory=lambda: int(time.time()))
 
     def gauges(self) -> Reading:
@@ -43,6 +45,7 @@ class ServerState:
 
     async def aclose(self) -> None:
         self.backend.shutdown()
+        self.templates.close()
         self.media.processor.close()
         await self.media.fetcher.aclose()
 
@@ -74,4 +77,5 @@ def build_state(config: ServerConfig, backend: EngineBackend | None = None) -> S
                           backend.preparer.media_defaults, config.caps)
     return ServerState(config, backend, backend.preparer, media,
                        build_output_parser(config.reasoning_parser, config.tool_parser), PauseGate(backend),
-                       defaults, features=FeatureStore(config.caps.uuid_cache_bytes))
+                       defaults, features=FeatureStore(config.caps.uuid_cache_bytes),
+                       templates=TemplateWorkers(config.templates))

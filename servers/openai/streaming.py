@@ -18,6 +18,7 @@ from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
 from servers.openai.json_out import sse  # noqa: F401  (re-exported: the endpoints' SSE encoder)
+from servers.openai.middleware import log_error
 from servers.openai.outputs import json_logprobs, usage
 from servers.openai.pause import Ticket
 from servers.openai.replies import ApiError, Usage, error_body, from_exception
@@ -239,6 +240,7 @@ async def sse_events(outputs: AsyncIterator[tuple[int, RequestOutput]],
                 yield text
     except Exception as exc:
         err = from_exception(exc)
+        log_error("stream", "(after its first chunk)", err, exc)  # the status line went out long ago: log it here
         yield sse_error(err.status, err.message, type=err.type, extra=err.extra)
     finally:
         await close()

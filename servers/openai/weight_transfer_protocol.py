@@ -6,9 +6,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mm_infer.rl.packing import DEFAULT_BUFFER_BYTES, DEFAULT_NUM_BUFFERS
 
+MAX_TIMEOUT_S = 3600.0  # the longest a rendezvous or one broadcast may be told to wait
+
 
 class Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class InitInfo(Lenient):
@@ -19,7 +21,8 @@ class InitInfo(Lenient):
     packed: bool = False
     packed_buffer_size_bytes: int = Field(default=DEFAULT_BUFFER_BYTES, ge=1)
     packed_num_buffers: int = Field(default=DEFAULT_NUM_BUFFERS, ge=1)
-    timeout_s: float = Field(default=300.0, gt=0)  # ours: how long the rendezvous and each broadcast may wait
+    # ours: how long the rendezvous and each broadcast may wait (a 400 past MAX_TIMEOUT_S)
+    timeout_s: float = Field(default=300.0, gt=0, le=MAX_TIMEOUT_S)
     nccl_unique_id_b64: str | None = None
 
     @field_validator("nccl_unique_id_b64")

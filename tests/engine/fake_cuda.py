@@ -134,7 +134,8 @@ def fake_cuda_engine(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     on_device = _on_fake_cuda(mode)
     readbacks = Readbacks()
-    # host tensors of 0 or 1 elements would otherwise be kept as real constants, and ops on them run for real (on "cuda")
+    # host tensors of 0 or 1 elements would otherwise be kept as real constants, and ops on them run for real
+    # (on "cuda")
     monkeypatch.setattr(torch._subclasses.fake_tensor, "CONSTANT_NUMEL_LIMIT", -1)
     monkeypatch.setenv("MM_INFER_KERNELS", "torch")  # Triton cannot launch on fakes; its kernels have own tests
     monkeypatch.setattr(engine_module, "load_model", _load_on_fake_cuda(mode))

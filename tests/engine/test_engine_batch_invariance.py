@@ -16,7 +16,8 @@ from mm_infer.models.half_gemm_path import forced_path
 def cold_llm() -> Iterator[LLM]:
     """No prefix or encoder reuse, so every run computes everything from scratch."""
     threads = torch.get_num_threads()
-    yield LLM(str(CKPT), batch_invariant=True, num_kv_blocks=1024, enable_prefix_caching=False, encoder_cache_items=1, cpu_threads=1)
+    yield LLM(str(CKPT), batch_invariant=True, num_kv_blocks=1024, enable_prefix_caching=False, encoder_cache_items=1,
+              cpu_threads=1)
     torch.set_num_threads(threads)
 
 

@@ -83,6 +83,32 @@ def test_tiny_pool_forces_preemption_and_recovers():
     assert all(s.num_output_tokens == 20 for g in groups for s in g.seqs)
 
 
+def test_a_long_prompt_prefills_at_most_the_threshold_per_step_beside_decodes():
+    # without the threshold, a 300-token prompt takes the whole 256-token budget in one step, and a decoding
+    # request's next token waits behind that step (issue 32: other requests waited 6-12 s behind a 16k prompt)
+    bm = BlockManager(200, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=256, long_prefill_token_threshold=32), bm)
+    short, long = group("short", list(range(5)), max_tokens=20), group("long", list(range(1000, 1300)), max_tokens=2)
+    sched.add(short.seqs[0])
+    sched.update(first := sched.schedule())
+    assert [c.end - c.start for c in first.chunks] == [5]
+    short.seqs[0].token_ids.append(1)
+    sched.add(long.seqs[0])
+    chunks = []
+    while long.seqs[0].num_computed_tokens < 300:
+        out = sched.schedule()
+        by_id = {c.seq.group.request_id: c.end - c.start for c in out.chunks}
+        assert by_id["short"] == 1  # the decode runs every step the long prompt prefills
+        chunks.append(by_id["long"])
+        sched.update(out)
+        for c in out.chunks:
+            if c.samples:
+                c.seq.token_ids.append(1)
+    assert chunks == [32] * 9 + [12]
+    assert Scheduler(SchedulerConfig(max_num_batched_tokens=256), BlockManager(200, 4)).config \
+        .long_prefill_token_threshold == 0  # vLLM's default: off
+
+
 def test_prefix_hits_never_cross_media():
     bm = BlockManager(64, 4)
     tokens = list(range(8)) + [7] * 8 + list(range(30, 38))  # media at [8, 16)

@@ -208,6 +208,17 @@ def test_a_refit_and_a_pause_are_replayed_into_the_restarted_core(backend):
     assert run(frozen_then_thawed()) == refit
 
 
+def test_a_core_that_died_asleep_comes_back_awake_and_says_so(backend):
+    # the bug: the backend kept the dead core's sleep state, so every request got 503 until a /wake_up
+    run(backend.sleep(1))
+    assert backend.sleep_state.reason() is not None
+    pid = backend.pid
+    backend.kill_core()
+    wait_up(backend, pid)
+    assert backend.sleep_state.reason() is None
+    assert run(collect(backend, {"prompt": "awake"}, greedy(3), "after-restart", stream=False))[-1].outputs[0].token_ids
+
+
 def test_a_core_that_cannot_load_its_engine_fails_startup_with_its_reason():
     # the options parse here, and the engine fails in the child (no CUDA on this machine): its error comes back
     if torch.cuda.is_available():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import pytest
 import torch
@@ -45,8 +46,27 @@ def test_errors_keep_their_type_and_status_or_become_a_plain_error_with_it():
         def __init__(self, a: int, b: int) -> None:  # not rebuildable from its args
             super().__init__(f"{a}+{b}")
 
-    plain = wire.portable_error(Odd(1, 2))
-    assert type(plain) is RuntimeError and plain.status == 422 and "Odd: 1+2" in str(plain)
+    plain = wire.portable_error(Odd(1, 2))  # its text is written for the client: kept bare, with its status
+    assert type(plain) is RuntimeError and plain.status == 422 and str(plain) == "1+2"
+
+    class Bare(Exception):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a}+{b}")
+
+    plain = wire.portable_error(Bare(1, 2))  # no status: a 500 naming its type
+    assert type(plain) is RuntimeError and not hasattr(plain, "status") and str(plain) == "Bare: 1+2"
+
+
+def test_an_engine_failed_request_crosses_with_its_status_and_text():
+    """RequestFailedError does not rebuild from its args (Ray's UnserializableException): what crosses instead
+    answers the same 400 body."""
+    from mm_infer.engine.errors import NONFINITE_PARAMS, RequestFailedError
+    from servers.openai.replies import from_exception
+
+    err = RequestFailedError(NONFINITE_PARAMS)
+    back = pickle.loads(pickle.dumps(wire.portable_error(err)))
+    assert (back.status, str(back)) == (400, NONFINITE_PARAMS.message)
+    assert vars(from_exception(back)) == vars(from_exception(err))
 
 
 def test_cuda_tensors_are_refused():

@@ -6,12 +6,14 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 from serve_process import start_serve, stop_serve
 from server_cases import CKPT
 
 from mm_infer.config import EngineConfig
 from servers.cli import build_parser, engine_options, parse_args, server_config
 from servers.openai.launch import free_port
+from servers.vllm_flags import FlagError
 
 
 def serve(*flags: str):
@@ -30,11 +32,12 @@ def test_serve_arguments_parse():
 
 def test_engine_flags_reach_the_engine_config():
     args = serve("--kv-cache-memory-bytes", "2GiB", "--batch-invariant", "--gpu-memory-utilization", "0.5",
-                 "--max-num-batched-tokens", "1024", "--enforce-eager", "--block-size", "32", "--seed", "7")
+                 "--max-num-batched-tokens", "1024", "--enforce-eager", "--block-size", "32", "--seed", "7",
+                 "--long-prefill-token-threshold", "512")
     config = EngineConfig.from_options(str(CKPT), **engine_options(args))
     assert (config.cache.kv_cache_memory_bytes, config.cache.gpu_memory_utilization) == (2 * 2**30, 0.5)
     assert config.batch_invariant and config.enforce_eager and config.scheduler.max_num_batched_tokens == 1024
-    assert (config.cache.block_size, config.seed) == (32, 7)
+    assert (config.cache.block_size, config.seed, config.scheduler.long_prefill_token_threshold) == (32, 7, 512)
     assert engine_options(serve()) == {}
 
 
@@ -55,6 +58,19 @@ def test_every_server_flag_reaches_the_server_config():
     assert (config.body_timeout_s, config.header_timeout_s, config.shutdown_timeout_s) == (1.0, 2.0, 3.0)
     assert config.allowed_weights_paths == (Path("/w"),)
     assert server_config(serve()).allowed_weights_paths is None
+
+
+def test_template_and_grammar_limits_reach_their_configs():
+    args = serve("--template-workers", "3", "--template-timeout", "1.5", "--max-grammar-bytes", "64K",
+                 "--grammar-timeout", "7", "--grammar-cache-bytes", "32M")
+    templates = server_config(args).templates
+    assert (templates.workers, templates.timeout_s) == (3, 1.5)
+    structured = EngineConfig.from_options(str(CKPT), **engine_options(args)).structured
+    assert (structured.max_grammar_bytes, structured.grammar_timeout_s) == (64 << 10, 7.0)
+    assert structured.grammar_cache_bytes == 32 << 20
+    for bad in (("--template-workers", "0"), ("--template-timeout", "0")):
+        with pytest.raises(FlagError, match="--template-workers must be at least 1"):
+            server_config(serve(*bad))
 
 
 def test_api_key_from_the_flag_then_our_variable_then_vllms(monkeypatch):
