@@ -87,8 +87,10 @@ class MetaReference:
 
 
 def engine_gauges(stats: Mapping[str, float]) -> dict[str, float]:
-    """An engine's stats() under the gauge names the server exports."""
-    return {"num_requests_waiting": stats["num_waiting"], "num_sequences_running": stats["num_running"],
+    """An engine's stats() under the gauge names the server exports; vLLM's request series and the cache config
+    (keys with a "|") pass through as they are."""
+    return {**{k: v for k, v in stats.items() if "|" in k},
+            "num_requests_waiting": stats["num_waiting"], "num_sequences_running": stats["num_running"],
             "kv_blocks_free": stats["free_blocks"], "kv_blocks_total": stats["num_blocks"],
             "prefix_cache_query_tokens": stats["prefix_query_tokens"],
             "prefix_cache_hit_tokens": stats["prefix_hit_tokens"],

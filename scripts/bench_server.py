@@ -37,7 +37,7 @@ def _payloads(args: argparse.Namespace) -> list[tuple[str, bytes]]:
 
 
 def _body(i: int, urls: list[str], args: argparse.Namespace) -> dict:
-    return {"model": "bench", "max_tokens": args.max_tokens, "temperature": 0.0,
+    return {"max_tokens": args.max_tokens, "temperature": 0.0,  # no model: the one served (vLLM too)
             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": urls[i]}},
                                                       {"type": "text", "text": f"Describe picture {i}."}]}],
             "mm_processor_kwargs": {"max_pixels": args.max_pixels}}

@@ -44,7 +44,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _load(base: str, args: argparse.Namespace) -> tuple[float, int]:
-    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}],
+    body = {"messages": [{"role": "user", "content": "Tell me a long story."}],  # no model: the one served
             "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
             "logprobs": True}
     sem = asyncio.Semaphore(args.concurrency)

@@ -21,7 +21,7 @@ import httpx
 import soak_hostile
 from soak_client import Tally, send
 from soak_report import Result, report, verdict
-from soak_server import API_KEY, REPO, rss_kib, server_errors, settle, start_server, tree_rss_kib
+from soak_server import API_KEY, REPO, rss_by_role, rss_kib, server_errors, settle, start_server, tree_rss_kib
 from soak_traffic import CHAT, NORMAL, Mix, Req, chat_body, make_pool, normal, pick
 
 CKPT = REPO / "assets" / "models" / "tiny-qwen2-vl"
@@ -42,8 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hostile", action="store_true",
                    help="add the turn-3 kinds (a server with --max-model-len "
                         f"{soak_hostile.MAX_MODEL_LEN} and {' '.join(soak_hostile.SERVER_FLAGS)})")
-    p.add_argument("--rss-scope", choices=["server", "tree"], default="server",
-                   help="what the RSS limit holds: the server process, or it with its engine core and workers")
+    p.add_argument("--rss-scope", choices=["server", "tree", "processes"], default="server",
+                   help="what the RSS limit holds: the server process; it with its engine core and workers summed; "
+                        "or the server and the engine core each (template workers: within their memory cap)")
     p.add_argument("--long-prompt-tokens", type=int, default=soak_hostile.LONG_PROMPT_TOKENS,
                    help="the --hostile long prompt's length in token ids")
     p.add_argument("--warmup-minutes", type=float, default=None,
@@ -147,7 +148,7 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen[bytes], base: str
                 httpx.AsyncClient(base_url=base, headers=headers, timeout=CLIENT_TIMEOUT_S, limits=fresh) as admin):
         await warm_up(client, tally, args)
         await settle(admin)
-        rss0, own0, warm = tree_rss_kib(proc.pid), rss_kib(proc.pid), len(samples)
+        rss0, own0, warm, roles0 = tree_rss_kib(proc.pid), rss_kib(proc.pid), len(samples), rss_by_role(proc.pid)
         mode = args.pause_mode if args.pause_mode != "random" else random.Random(args.seed).choice(["abort", "wait"])
         run_s, t_start = args.minutes * 60, time.monotonic()
         deadline = t_start + run_s
@@ -158,10 +159,10 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen[bytes], base: str
         control_log = await ctl
         elapsed = time.monotonic() - t_start
         metrics = await settle(admin)
-        rss1, own1 = tree_rss_kib(proc.pid), rss_kib(proc.pid)
+        rss1, own1, roles1 = tree_rss_kib(proc.pid), rss_kib(proc.pid), rss_by_role(proc.pid)
     watch.cancel()
     return Result(tally, (rss0, rss1), (own0, own1), samples[warm:], max(samples[:warm], default=rss0), metrics,
-                  control_log, elapsed)
+                  control_log, elapsed, (roles0, roles1))
 
 
 def main(argv: list[str] | None = None) -> int:

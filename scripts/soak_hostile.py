@@ -13,12 +13,13 @@ import httpx
 from soak_client import Outcome, Tally
 from soak_traffic import CHAT, COMPLETIONS, HOSTILE, IMAGE_POOL, MODEL, Mix, Req, chat_body, hostile
 
-# huge n: 200 until answer caps land (--max-logprob-entries now gives 400 in the working tree); then tighten this
-# to {"400": "logprob entries"}
-HUGE_N_EXPECT: dict[str, str] = {"200": "", "400": ""}
+# huge n: n=64 x 1500 tokens x 21 logprobs is over --max-logprob-entries (1M): a 400 naming the cap
+HUGE_N_EXPECT: dict[str, str] = {"400": "logprob entries"}
 MAX_MODEL_LEN = 32768  # the hostile server's --max-model-len (the checkpoint's max_position_embeddings)
 NUM_KV_BLOCKS = 8192  # room for one huge-n request (64 x 1501 tokens) beside a long prompt and the normal mix
-SERVER_FLAGS = ("--trust-request-chat-template",)
+# the grammar cache (256M by default) would fill over the whole run with schema_large's distinct grammars (~2-3 MB
+# each): at 32M it fills during warm-up, so the RSS check sees growth that no configured bound explains
+SERVER_FLAGS = ("--trust-request-chat-template", "--grammar-cache-bytes", "32M")
 LONG_PROMPT_TOKENS = 16000  # prefill: 0.5-1 min on 2 busy CPU cores; --long-prompt-tokens changes it
 GENERATE, CHAT_RENDER = "/inference/v1/generate", "/v1/chat/completions/render"
 ROW_WIDTH = 3 * 2 * 14 * 14  # this checkpoint's patch rows: channels x temporal_patch_size x patch_size^2
@@ -90,9 +91,9 @@ def builders(long_tokens: int) -> dict[str, tuple[dict[str, str], Callable[[rand
     """Each turn-3 kind: the statuses it must get (a regex its answer must match) and how its body is built."""
     return {
         "poisoned_features": ({"400": "inline item"}, lambda r: (GENERATE, poisoned(r))),
-        "template_size_bomb": ({"400": "chat_template"}, lambda r: (CHAT, _chat(r, chat_template=r.choice(
-            SIZE_BOMBS)))),
-        "template_loop_bomb": ({"400": "chat_template", "503": ""}, lambda r: (CHAT, _chat(
+        "template_size_bomb": ({"400": "chat_template", "503": "retry later"}, lambda r: (CHAT, _chat(
+            r, chat_template=r.choice(SIZE_BOMBS)))),
+        "template_loop_bomb": ({"400": "chat_template", "503": "retry later"}, lambda r: (CHAT, _chat(
             r, chat_template=LOOP_BOMB))),
         "schema_over_cap": ({"400": "max_grammar_bytes|bytes"}, lambda r: (CHAT, _chat(
             r, response_format=OVER_CAP_SCHEMA))),

@@ -22,6 +22,7 @@ class Result:
     metrics: dict[str, float]
     control: list[str]
     elapsed: float
+    roles: tuple[dict[str, int], dict[str, int]] = ({}, {})  # KiB per process role, after warm-up and at the end
 
     @property
     def growth_pct(self) -> float:
@@ -40,21 +41,38 @@ def _mib(kib: int) -> str:
     return f"{kib / 1024:.1f}"
 
 
+def _role_growth(res: Result) -> dict[str, float]:
+    """Growth (%) of the server process and of the engine core over the measured run."""
+    start, end = res.roles
+    return {role: 100.0 * (end[role] - start[role]) / start[role] for role in ("server", "engine core")
+            if start.get(role)}
+
+
+def _growth(res: Result, scope: str) -> tuple[float, str]:
+    if scope == "processes":
+        role, pct = max(_role_growth(res).items(), key=lambda kv: kv[1])
+        return pct, role
+    return (res.growth_pct, "tree") if scope == "tree" else (res.own_growth_pct, "server")
+
+
 def verdict(res: Result, alive: bool, scope: str = "server") -> tuple[bool, str]:
     """PASS: no lost answer, no 5xx, no innocent failure, every expected status met, RSS growth under RSS_LIMIT_PCT
     (of the server process, or with scope "tree" of it and its children too), every KV block free, control calls
     200."""
     tally, metrics = res.tally, res.metrics
-    growth = res.growth_pct if scope == "tree" else res.own_growth_pct
+    growth, grew = _growth(res, scope)
     bad_control = [c for c in res.control if " -> 200 " not in c]
     reasons = [f"{count(tally.lost)} lost", f"{count(tally.fivexx)} 5xx", f"{count(tally.innocent)} innocent failures",
                f"{count(tally.unexpected)} unexpected statuses", f"server rss {res.own_growth_pct:+.1f}%",
                f"tree rss {res.growth_pct:+.1f}% (start {_mib(res.rss[0])}, peak {_mib(res.peak)}, "
                f"end {_mib(res.rss[1])} MiB)"]
+    if res.roles[1]:
+        reasons.append("by process " + ", ".join(f"{role} {_mib(res.roles[0].get(role, 0))}->{_mib(kib)} MiB"
+                                                 for role, kib in res.roles[1].items()))
     ok = not (tally.lost or tally.fivexx or tally.innocent or tally.unexpected or bad_control)
     ok = ok and growth < RSS_LIMIT_PCT and alive
     if growth >= RSS_LIMIT_PCT:
-        reasons.append(f"{scope} rss grew {growth:+.1f}%, limit {RSS_LIMIT_PCT}%")
+        reasons.append(f"{grew} rss grew {growth:+.1f}%, limit {RSS_LIMIT_PCT}%")
     if KV_FREE in metrics and KV_TOTAL in metrics:
         free, total = int(metrics[KV_FREE]), int(metrics[KV_TOTAL])
         reasons.append(f"kv {free}/{total} free")

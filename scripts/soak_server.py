@@ -70,6 +70,22 @@ def tree_rss_kib(pid: int) -> int:
     return total
 
 
+def rss_by_role(pid: int) -> dict[str, int]:
+    """KiB per role in the server's tree: the server process, its engine core (every other descendant), and the
+    template workers (`mm_infer.prompt.template_workers` children, killed and replaced at their deadlines)."""
+    roles = {"server": rss_kib(pid), "engine core": 0, "template workers": 0}
+    todo = _children(pid)
+    while todo:
+        p = todo.pop()
+        try:
+            worker = b"template_workers" in Path(f"/proc/{p}/cmdline").read_bytes()
+            roles["template workers" if worker else "engine core"] += rss_kib(p)
+            todo += _children(p)
+        except (OSError, RuntimeError):  # gone between the reads
+            pass
+    return roles
+
+
 async def read_metrics(client: httpx.AsyncClient) -> dict[str, float]:
     """The unlabelled samples of /metrics (gauges and plain counters)."""
     text = (await client.get("/metrics")).text

@@ -152,7 +152,7 @@ def _hostile_bodies(rng: random.Random) -> dict[str, Callable[[], tuple[str, byt
         "bad_base64_image": lambda: (CHAT, _js(chat_body(rng) | {"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": bad_b64}}, {"type": "text", "text": "hi"}]}]})),
         "unknown_model": lambda: _either(rng, model="no-such-model-" + str(rng.randrange(99))),
-        "huge_max_tokens": lambda: (COMPLETIONS, _js(completion_body(rng, max_tokens=rng.choice(
+        "huge_max_tokens": lambda: (COMPLETIONS, _js(completion_body(rng, stream=True, max_tokens=rng.choice(
             [10**6, 2**31, 2**63, 10**30])))),
         "negative_temperature": lambda: (CHAT, _chat_raw('"hi"', f', "temperature": {rng.choice([-1, -0.01, -1e9])}')),
         "bad_logit_bias": lambda: (COMPLETIONS, _js(completion_body(rng, logit_bias=rng.choice(
@@ -181,6 +181,8 @@ HOSTILE = ("malformed_json", "bad_base64_image", "unknown_model", "huge_max_toke
 def hostile(kind: str, rng: random.Random) -> Req:
     """A hostile request of `kind` (see HOSTILE): expected to get a 4xx (never a 5xx or a dropped connection)."""
     path, body = _hostile_bodies(rng)[kind]()
+    if kind == "huge_max_tokens":  # clamped to the context (vLLM's rule): a client that gives up after 8 events
+        return Req(kind, path, body, stream=True, hostile=True, disconnect_after=8)
     return Req(kind, path, body, hostile=True)
 
 

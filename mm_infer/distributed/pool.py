@@ -231,7 +231,9 @@ class ReplicaPool(PoolRL, MetaReference):
         with self.supervisor.lock:
             counted = pool_counters(self.supervisor.counters)
         stats = self.router.stats
-        return {**engine_gauges({**now, **counted}), "replicas": float(len(slots)),
+        config = next(({k: v for k, v in s.gauges.items() if k.startswith("cache_config|")} for s in slots
+                       if s.state == "up"), {})  # the replicas share one cache config: the first up one's
+        return {**engine_gauges({**now, **counted, **config}), "replicas": float(len(slots)),
                 "replicas_up": float(sum(s.state == "up" for s in slots)),
                 "replica_restarts": float(sum(s.restarts for s in slots)),
                 "router_affinity_hit_rate": stats.hit_rate, "router_spills": float(stats.spills)}

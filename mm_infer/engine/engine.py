@@ -19,6 +19,7 @@ from mm_infer.engine.fault_isolation import culprits
 from mm_infer.engine.memory_profile import cuda_kv_budget
 from mm_infer.engine.model_runner import ModelRunner, StepLimits, StepOutput
 from mm_infer.engine.outputs import RequestOutput, make_output
+from mm_infer.engine.request_stats import RequestStats
 from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
 from mm_infer.engine.sampler import RAW_NONFINITE, Sampler, SampleResult
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
@@ -62,10 +63,11 @@ class LLMEngine:
                                   self._step_limits(config, device), config.batch_invariant)
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
-        self.eos_ids = frozenset(special.eos_ids)
+        self.eos_ids = special.eos_ids  # ordered: the first is the main EOS (stop_reason null), the rest stop ids
         self.grammars = Grammars(lambda: self.tokenizer, config.model_dir, self.runtime.vocab_size, special.eos_ids,
                                  config.structured)
         self.groups: dict[str, SequenceGroup] = {}
+        self.request_stats = RequestStats(self.runtime.max_model_len)  # vLLM's request / step series
         self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
         self.sleep_state = SleepState()  # engine/sleep.py: what a sleep released
@@ -173,6 +175,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.chunks:
             return outputs
+        self.request_stats.scheduled(batch.chunks, time.perf_counter())
         try:
             result = self.runner.run(batch.chunks)
         except Exception as exc:
@@ -205,6 +208,7 @@ class LLMEngine:
                 failed.append(self._end(seq.group, "error", error))
                 continue
             seq.group.metrics.first_token_time = seq.group.metrics.first_token_time or now
+            self.request_stats.token(seq, now)
             advanced[seq.group.request_id] = seq.group
         return failed + [out for group in advanced.values() if (out := self._output_of(group)) is not None]
 
@@ -251,6 +255,7 @@ class LLMEngine:
     def _release(self, group: SequenceGroup) -> None:
         self.groups.pop(group.request_id, None)
         group.metrics.finished_time = time.perf_counter()
+        self.request_stats.finished(group)
 
     # --- control -----------------------------------------------------------------------------------------------
 
@@ -300,9 +305,14 @@ class LLMEngine:
         self.encoder_cache.clear()
         self.block_manager.reset_prefix_cache()
 
-    def stats(self) -> dict[str, int]:
-        bm = self.block_manager
+    def stats(self) -> dict[str, float]:
+        """Gauges and counters now, vLLM's request series (request_stats.PREFIX keys) and the cache config."""
+        bm, cache = self.block_manager, self.config.cache
         return {"encoder_calls": self.runner.encoder_calls, "encoder_cache_hits": self.encoder_cache.stats.hits,
                 "prefix_query_tokens": bm.stats.queries, "prefix_hit_tokens": bm.stats.hits,
                 "preemptions": self.scheduler.num_preemptions, "free_blocks": bm.num_free_blocks,
-                "num_blocks": bm.num_blocks, "num_waiting": self.num_waiting, "num_running": self.num_running}
+                "num_blocks": bm.num_blocks, "num_waiting": self.num_waiting, "num_running": self.num_running,
+                **self.request_stats.snapshot(), "cache_config|block_size": cache.block_size,
+                "cache_config|enable_prefix_caching": float(cache.enable_prefix_caching),
+                "cache_config|gpu_memory_utilization": cache.gpu_memory_utilization,
+                "cache_config|num_gpu_blocks": bm.num_blocks}

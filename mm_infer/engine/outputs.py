@@ -49,15 +49,20 @@ class RequestOutput:
 
 
 def _held_back(seq: Sequence) -> int:
-    """Characters a running sample keeps back: the start of a stop string may be forming there."""
-    stops = seq.params.stop_list
-    return max(len(s) for s in stops) - 1 if stops else 0
+    """Characters a running sample keeps back: the start of a stop string to be cut may be forming there."""
+    p = seq.params
+    return max(len(s) for s in p.stop_list) - 1 if p.stop_list and not p.include_stop_str_in_output else 0
 
 
 def _finish_text(seq: Sequence, decode: Decode) -> str:
-    """The sample's whole text, decoded once when it ends (a stop string may already have fixed it)."""
+    """The sample's whole text, decoded once when it ends (a stop string may already have fixed it). As vLLM, the
+    token that ended it (EOS, a stop token id) is in its token ids but its text is not, unless
+    include_stop_str_in_output."""
     if seq.final_text is None:
-        seq.final_text = decode(seq.output_token_ids, seq.params.skip_special_tokens)
+        ids = seq.output_token_ids
+        if seq.stop_terminated and not seq.params.include_stop_str_in_output:
+            ids = ids[:-1]
+        seq.final_text = decode(ids, seq.params.skip_special_tokens)
     return seq.final_text
 
 

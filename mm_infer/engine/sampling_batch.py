@@ -35,7 +35,7 @@ class SamplingBatch:
     penalty_rows: list[int]
     processed_rows: list[int]  # logprobs_mode == processed_logprobs
     max_top_logprobs: int  # the largest `logprobs` asked for (0: none)
-    grammar_rows: list[int]  # structured outputs: a grammar matcher masks the row's tokens
+    grammar_rows: list[int]  # structured outputs: a grammar matcher masks the row's tokens (not while it reasons)
     store: PersistentBatch | None = None
     store_rows: Tensor | None = None  # [S] long: each row's row in `store`
 
@@ -53,7 +53,7 @@ class SamplingBatch:
             penalty_rows=_rows([p.has_penalties for p in ps]),
             processed_rows=_rows([p.logprobs_mode == "processed_logprobs" for p in ps]),
             max_top_logprobs=max((p.logprobs or 0 for p in ps), default=0),
-            grammar_rows=_rows([s.matcher is not None for s in seqs]),
+            grammar_rows=_rows([s.grammar_matcher is not None for s in seqs]),
             store=store, store_rows=store_rows,
         )
 
@@ -93,8 +93,8 @@ class SamplingBatch:
         its matcher's state (no device read) and moved in one copy."""
         from mm_infer.structured.compiler import fill_bitmask  # loaded already: the rows' grammars were compiled
 
-        return fill_bitmask([self.seqs[i].matcher for i in self.grammar_rows], vocab).to(self.device,
-                                                                                          non_blocking=True)
+        matchers = [self.seqs[i].grammar_matcher for i in self.grammar_rows]
+        return fill_bitmask(matchers, vocab).to(self.device, non_blocking=True)
 
     def padded_ids(self, rows: list[int], vocab: int, *, outputs_only: bool) -> Tensor:
         """[R, L] long token ids of each row (prompt + output, or output only), padded with `vocab`."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mm_infer.engine.errors import RequestError
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.placeholders import PlaceholderRange
+from mm_infer.structured.reasoning import ReasoningGate, gate_matcher
 
 if TYPE_CHECKING:  # the scheduler side stays torch-free: the request (with its tensors) is only a type here
     from mm_infer.engine.detokenizer import IncrementalDetokenizer
@@ -87,9 +88,8 @@ class Sequence:
         self.seed = 0  # the stream of this sample's random draws (set by the engine: the request's seed + index)
         self.num_preemptions = 0
         self.detok: IncrementalDetokenizer | None = None  # set by the engine when text is wanted per step
-        self.matcher: Any = None  # xgrammar GrammarMatcher of a structured-output sample (set by the engine)
+        self._matcher: Any = None  # xgrammar GrammarMatcher of a structured-output sample (set by the engine)
         self.last_text_chars = 0  # characters the last token committed
-        self.stop_checked = False  # stop strings searched once over the whole text (at min_tokens)
         self.final_text: str | None = None  # the whole text, assembled once when the sample ends
         self.emitted_tokens = 0  # output tokens already sent in delta outputs
         self.emitted_chars = 0  # characters already sent in delta outputs
@@ -103,8 +103,29 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def matcher(self) -> Any:
+        """The sample's grammar matcher (the engine sets it, feeds it each token and asks whether it terminated); when
+        the spec names reasoning end ids and the prompt leaves the reasoning open, a ReasoningGate around it."""
+        return self._matcher
+
+    @matcher.setter
+    def matcher(self, matcher: Any) -> None:
+        self._matcher = gate_matcher(matcher, self.params.structured_outputs, self.token_ids)
+
+    @property
+    def grammar_matcher(self) -> Any:
+        """The matcher that masks the next token: None without a grammar, or while the sample still reasons."""
+        m = self._matcher
+        return m.masking if isinstance(m, ReasoningGate) else m
+
+    @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def stop_terminated(self) -> bool:
+        """Ended by a token (EOS, a stop token id, a grammar's stop token), not by a stop string (vLLM's rule)."""
+        return self.finish_reason == "stop" and not isinstance(self.stop_reason, str)
 
     @property
     def num_pending_tokens(self) -> int:

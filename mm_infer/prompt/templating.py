@@ -35,6 +35,17 @@ def _text_of(content: Any) -> str:
     return "".join(p.get("text", "") for p in content or [] if p.get("type") == "text")
 
 
+def developer_as_system(messages: Sequence[Mapping[str, Any]], template: Any) -> list[Mapping[str, Any]]:
+    """OpenAI's `developer` role as `system` unless the template names it (vLLM's rule: most templates, every
+    Qwen-VL one, know no developer and would print the role literally after their default system prompt)."""
+    if not any(m.get("role") == "developer" for m in messages):
+        return list(messages)
+    sources = template.values() if isinstance(template, Mapping) else [template]
+    if any(isinstance(t, str) and "developer" in t for t in sources):
+        return list(messages)
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
 def fallback_render(messages: Sequence[Mapping[str, Any]], media_tokens: Mapping[str, str], eos: str,
                     add_generation_prompt: bool) -> str:
     """`role: content<eos>\\n` per message, media as their placeholder runs, then `assistant: `."""
@@ -82,6 +93,9 @@ class ChatRenderer:
             kwargs["tools"] = tools
         return {**self.special_tokens(), **kwargs, "add_generation_prompt": add_generation_prompt}
 
+    def tokenizer_template(self) -> Any:
+        return getattr(self.tokenizer, "chat_template", None)
+
     def special_tokens(self) -> dict[str, str | None]:
         special = getattr(self.tokenizer, "special", None)
         if isinstance(special, Mapping):
@@ -98,6 +112,7 @@ class ChatRenderer:
         _check_options(messages, add_generation_prompt, continue_final_message, kwargs)
         if chat_template is not None:
             kwargs["chat_template"] = chat_template
+        messages = developer_as_system(messages, kwargs.get("chat_template") or self.tokenizer_template())
         if self.has_template or kwargs.get("chat_template") is not None:
             if tools:
                 kwargs["tools"] = tools

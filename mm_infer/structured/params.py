@@ -44,6 +44,16 @@ def check_local_refs(schema: Any) -> None:
             stack.append((value, where))
 
 
+def _token_ids(ids: Any, name: str) -> tuple[int, ...] | None:
+    """A tuple of token ids (a list is accepted), or None."""
+    if ids is None:
+        return None
+    if isinstance(ids, str | bytes) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                for t in ids):
+        raise ValueError(f"structured outputs: {name} must be a list of token ids")
+    return tuple(ids)
+
+
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 GrammarKey = tuple[str, str, bool]  # (kind, canonical spec text, any_whitespace): one compiled grammar each
 
@@ -62,6 +72,8 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
+    reasoning_start_ids: tuple[int, ...] | None = None  # token ids that open a reasoning section (`<think>`)
+    reasoning_end_ids: tuple[int, ...] | None = None  # token ids that close it (`</think>`): the grammar starts after
 
     def __post_init__(self) -> None:
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
@@ -70,6 +82,8 @@ class StructuredOutputsParams:
                              (f"; got {', '.join(given)}" if given else "; got none"))
         if self.whitespace_pattern is not None:
             raise ValueError("structured outputs: whitespace_pattern is not supported (use disable_any_whitespace)")
+        self.reasoning_start_ids = _token_ids(self.reasoning_start_ids, "reasoning_start_ids")
+        self.reasoning_end_ids = _token_ids(self.reasoning_end_ids, "reasoning_end_ids")
         self._check_spec()
 
     def _check_spec(self) -> None:
@@ -99,7 +113,8 @@ class StructuredOutputsParams:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
     def key(self) -> GrammarKey:
-        """What identifies the compiled grammar: equal keys share one compilation."""
+        """What identifies the compiled grammar: equal keys share one compilation (reasoning ids are not in it: they
+        gate the matcher, not the grammar)."""
         spec = getattr(self, self.kind)
         if self.kind == "json":
             spec = json.loads(spec) if isinstance(spec, str) else spec

@@ -44,7 +44,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         log_error(request.method, request.url.path, exc)
         rid = getattr(request.state, "request_id", None)
-        return error_response(exc.status, exc.message, exc.param, exc.type if exc.extra else None, exc.extra,
+        return error_response(exc.status, exc.message, exc.param, exc.type, exc.extra,
                               {"X-Request-Id": rid} if rid else None)
 
     @app.exception_handler(RequestValidationError)
@@ -62,21 +62,32 @@ def _install_error_handlers(app: FastAPI) -> None:
         return Response(status_code=CLIENT_CLOSED)
 
 
+def served_names(state: ServerState) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((state.config.model_name, *state.config.extra_served_names)))
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """vLLM's rule: a model name the server does not serve is a 404; none (missing or empty) means the first."""
+    if model and model not in served_names(state):
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model", type="NotFoundError")
+
+
 def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     """Models, tokenize / detokenize, health, version and metrics."""
     @app.get("/v1/models")
     async def models() -> ModelList:
-        names = dict.fromkeys((state.config.model_name, *state.config.extra_served_names))  # every served name
         return ModelList(data=[ModelCard(id=name, created=state.created, root=state.config.model_dir,
                                          max_model_len=state.backend.max_model_len,
-                                         weight_version=state.backend.weight_version) for name in names])
+                                         weight_version=state.backend.weight_version) for name in served_names(state)])
 
     @app.post("/tokenize")
     async def tokenize_route(req: TokenizeRequest):
+        check_model(state, req.model)
         return await tokenize(state, req)
 
     @app.post("/detokenize")
     async def detokenize_route(req: DetokenizeRequest):
+        check_model(state, req.model)
         return detokenize(state, req)
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD too
@@ -114,32 +125,38 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     /abort_requests finds it) and echoed in X-Request-Id."""
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request, response: Response):
+        check_model(state, req.model)
         rid = name_request(request, req, "chatcmpl-")
         with state.gate.reserved(rid):
             return echo_id(await create_chat_completion(state, req, request), response, rid)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request, response: Response):
+        check_model(state, req.model)
         rid = name_request(request, req, "cmpl-")
         with state.gate.reserved(rid):
             return echo_id(await create_completion(state, req, request), response, rid)
 
     @app.post("/v1/chat/completions/render")
     async def chat_render(req: ChatCompletionRequest, request: Request):
+        check_model(state, req.model)
         return await render_chat(state, req, base_request_id(request, req.request_id))
 
     @app.post("/v1/completions/render")
     async def completions_render(req: CompletionRequest, request: Request):
+        check_model(state, req.model)
         return await render_completion(state, req, base_request_id(request, req.request_id))
 
     @app.post("/inference/v1/generate")
     async def generate(req: GenerateRequest, request: Request, response: Response):
+        check_model(state, req.model)
         rid = name_request(request, req, "generate-tokens-")
         with state.gate.reserved(rid):
             return echo_id(await generate_tokens(state, req, request, req.request_id or ""), response, rid)
 
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request, response: Response):
+        check_model(state, req.model)
         rid = name_request(request, req, "resp_")
         with state.gate.reserved(rid):
             return echo_id(await create_response(state, req, request), response, rid)

@@ -14,6 +14,7 @@ from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.templating import developer_as_system
 from servers.openai.admission import (
     MAX_TEMPLATE_CHARS,
     check_answer_size,
@@ -27,11 +28,14 @@ from servers.openai.admission import (
 from servers.openai.json_out import compact, json_answer, sse
 from servers.openai.messages import parse_messages
 from servers.openai.outputs import (
+    Delta,
+    OutputStream,
     Parsed,
     ParsedToolCall,
     chat_logprobs,
     json_logprobs,
     prompt_logprobs,
+    reasoning_tokens,
     running_usage,
     usage,
 )
@@ -47,12 +51,10 @@ from servers.openai.protocol import (
 from servers.openai.replies import (
     ApiError,
     ChatChoice,
-    ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
     ChatMessageOut,
     ChoiceLogprobs,
-    DeltaMessage,
     FunctionCall,
     PromptMediaOut,
     ToolCallDelta,
@@ -87,6 +89,7 @@ async def render_chat_text(state: ServerState, messages: list[dict[str, Any]], *
         text = await asyncio.to_thread(renderer.render_text, messages, chat_template=own, max_chars=cap, **options)
         param = "messages"
     else:
+        messages = developer_as_system(messages, chat_template)  # as the in-process renderer does (vLLM's rule)
         context = renderer.template_context(messages, **options)
         text = renderer.finish_text(await state.templates.render_async(chat_template, messages, context, cap),
                                     messages, continue_final_message)
@@ -152,15 +155,35 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                        videos=[it for it in items if it.modality == "video"], cache_salt=cache_salt)
 
 
-def parse_chat_output(state: ServerState, req: ChatCompletionRequest, text: str, final: bool) -> Parsed:
-    """The answer text as content, reasoning and tool calls (a forced tool_choice parses without --tool-parser)."""
-    use_tools = bool(req.tools) and req.tool_choice != "none"
+def _use_tools(req: ChatCompletionRequest) -> bool:
+    return bool(req.tools) and req.tool_choice != "none"
+
+
+def chat_stream(state: ServerState, req: ChatCompletionRequest, opened: bool) -> OutputStream | None:
+    """The request's incremental parser (a forced tool_choice parses without --tool-parser), or None when the
+    text is all content; `opened`: the prompt left a reasoning section open."""
     parser = request_parser(state.parser, req)
-    return parser.parse(text, final, use_tools) if parser.active else Parsed(text)
+    return parser.stream(opened, _use_tools(req)) if parser.active else None
 
 
-def _finish(comp: CompletionOutput, parsed: Parsed) -> str | None:
-    return "tool_calls" if parsed.tool_calls and comp.finish_reason == "stop" else comp.finish_reason
+def prompt_opens_reasoning(state: ServerState, req: ChatCompletionRequest, prompt_token_ids: list[int]) -> bool:
+    """Whether the rendered prompt ends inside a reasoning section (a template that appends `<think>`)."""
+    return request_parser(state.parser, req).opened_by(state.preparer.tokenizer, prompt_token_ids)
+
+
+def _finish(comp: CompletionOutput, called: bool) -> str | None:
+    return "tool_calls" if called and comp.finish_reason == "stop" else comp.finish_reason
+
+
+def reasoning_usage(state: ServerState, req: ChatCompletionRequest, total: Usage,
+                    parts: list[tuple[CompletionOutput, tuple[int, int | None] | None]]) -> Usage:
+    """total with vLLM's completion_tokens_details.reasoning_tokens when a reasoning parser is on: each sample's
+    tokens inside its reasoning section (`parts`: the sample and its reasoning's character range)."""
+    if request_parser(state.parser, req).reasoning is None:
+        return total
+    count = sum(reasoning_tokens(state.preparer.tokenizer, c.token_ids, span, req.skip_special_tokens)
+                for c, span in parts)
+    return total.model_copy(update={"completion_tokens_details": {"reasoning_tokens": count}})
 
 
 def echo_text(req: ChatCompletionRequest) -> str:
@@ -174,35 +197,51 @@ def echo_text(req: ChatCompletionRequest) -> str:
     return "\n".join(p.text for p in last.content if isinstance(p, TextPart))
 
 
-def _calls(req: ChatCompletionRequest, parsed: Parsed) -> list[ParsedToolCall]:
-    return parsed.tool_calls if req.parallel_tool_calls is not False else parsed.tool_calls[:1]
+def _calls(req: ChatCompletionRequest, calls: list[ParsedToolCall], sent: int = 0) -> list[ParsedToolCall]:
+    """The calls to send, `sent` already sent: all of them, or the first only when parallel_tool_calls is false."""
+    return calls if req.parallel_tool_calls is not False else calls[:max(0, 1 - sent)]
 
 
-def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, comp: CompletionOutput) -> ChatChoice:
-    parsed = parse_chat_output(state, req, comp.text, True)
+def parse_with_span(state: ServerState, req: ChatCompletionRequest, text: str,
+                    opened: bool) -> tuple[Parsed, tuple[int, int | None] | None]:
+    """The whole answer through the request's incremental parser (fed at once), and its reasoning's char range."""
+    stream = chat_stream(state, req, opened)
+    if stream is None:
+        return Parsed(text), None
+    stream.feed(text, True)
+    return stream.parsed(), stream.reasoning_span
+
+
+def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, comp: CompletionOutput,
+            parsed: Parsed) -> ChatChoice:
     reasoning = parsed.reasoning_content if req.include_reasoning else None
-    content = parsed.content if parsed.content or not parsed.tool_calls else None
+    beside = parsed.tool_calls or parsed.reasoning_content is not None  # vLLM: no content (None) beside these
+    content = parsed.content or (None if beside else parsed.content)
     echo = echo_text(req)
+    calls = _calls(req, parsed.tool_calls)
     message = ChatMessageOut(
         content=echo + (content or "") if echo else content, reasoning=reasoning, reasoning_content=reasoning,
-        tool_calls=[ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-                    for c in _calls(req, parsed)],
+        tool_calls=[ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls],
         prompt_token_ids=list(out.prompt_token_ids), generation_token_ids=list(comp.token_ids),
         generation_log_probs=json_logprobs(comp.logprobs))
     logprobs = None
     if req.logprobs:
         logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
                                                         req.return_tokens_as_token_ids))
-    return ChatChoice(index=comp.index, message=message, logprobs=logprobs, finish_reason=_finish(comp, parsed),
+    return ChatChoice(index=comp.index, message=message, logprobs=logprobs, finish_reason=_finish(comp, bool(calls)),
                       stop_reason=comp.stop_reason, token_ids=list(comp.token_ids) if req.return_token_ids else None)
 
 
 def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, rid: str,
                   created: int, weight_version: int | None = None,
                   media: list[PromptMediaOut] | None = None) -> ChatCompletionResponse:
+    opened = prompt_opens_reasoning(state, req, out.prompt_token_ids)
+    wholes = [parse_with_span(state, req, c.text, opened) for c in out.outputs]
     return ChatCompletionResponse(
         id=rid, created=created, model=state.config.model_name,
-        choices=[_choice(state, req, out, c) for c in out.outputs], usage=usage(out),
+        choices=[_choice(state, req, out, c, parsed) for c, (parsed, _) in zip(out.outputs, wholes, strict=True)],
+        usage=reasoning_usage(state, req, usage(out), [(c, span) for c, (_, span) in
+                                                      zip(out.outputs, wholes, strict=True)]),
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
         prompt_media=media if req.return_token_ids else None,
         prompt_logprobs=prompt_logprobs(state.preparer.tokenizer, out, req.return_tokens_as_token_ids)
@@ -211,72 +250,81 @@ def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOu
 
 
 class _Sent:
-    """What one choice has streamed so far (its raw text only when a parser must see all of it)."""
+    """What one choice has streamed so far, and its incremental parser (made on its first delta)."""
 
-    def __init__(self) -> None:
+    def __init__(self, opened: bool = False) -> None:
+        self.opened = opened  # the prompt left a reasoning section open
+        self.stream: OutputStream | None = None
         self.tokens = 0
-        self.raw: list[str] = []
-        self.content = ""
-        self.reasoning = ""
+        self.calls = 0
         self.done = False
+
+    def span(self) -> tuple[int, int | None] | None:
+        return self.stream.reasoning_span if self.stream is not None else None
 
 
 def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutput, sent: _Sent) -> dict[str, Any]:
-    """A chunk choice from one DELTA output: its new text (through the reasoning/tool parsers when configured), as
-    the None-free dict ChatChunkChoice's SSE encoding would be (built directly: this runs once per token)."""
+    """A chunk choice from one DELTA output: its new text through the request's incremental parser, as the dict
+    ChatChunkChoice's SSE encoding is (built directly: this runs once per token). `index`, `delta`, `logprobs` and
+    `finish_reason` are always there (null when empty), as in OpenAI's chunk schema."""
     final = comp.finish_reason is not None
-    parsed = Parsed(comp.text)
-    content, reasoning = comp.text, ""
-    if request_parser(state.parser, req).active:  # the parsers read the whole text: markup may span deltas
-        sent.raw.append(comp.text)
-        parsed = parse_chat_output(state, req, "".join(sent.raw), final)
-        content = parsed.content[len(sent.content):] if parsed.content.startswith(sent.content) else ""
-        reasoning_now = parsed.reasoning_content or ""
-        reasoning = reasoning_now[len(sent.reasoning):] if reasoning_now.startswith(sent.reasoning) else ""
-        sent.content += content
-        sent.reasoning += reasoning
+    piece = Delta(content=comp.text)
+    if sent.stream is None and request_parser(state.parser, req).active:
+        sent.stream = chat_stream(state, req, sent.opened)
+    if sent.stream is not None:
+        piece = sent.stream.feed(comp.text, final)
+    calls = _calls(req, piece.tool_calls, sent.calls)
+    deltas = [ToolCallDelta(index=sent.calls + i, id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+              for i, c in enumerate(calls)]
+    sent.calls += len(calls)
     logprobs = None
     if req.logprobs:
         logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
                                                         req.return_tokens_as_token_ids))
     sent.tokens += len(comp.token_ids)
-    calls = [ToolCallDelta(index=i, id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-             for i, c in enumerate(_calls(req, parsed))] if final and parsed.tool_calls else None
     sent.done = final
-    reasoning = reasoning if req.include_reasoning else ""
-    delta = compact(content=content or None, reasoning=reasoning or None, reasoning_content=reasoning or None,
-                    tool_calls=calls)
-    return compact(index=comp.index, delta=delta, logprobs=logprobs, finish_reason=_finish(comp, parsed) if final
-                   else None, stop_reason=comp.stop_reason if final else None,
-                   token_ids=list(comp.token_ids) if req.return_token_ids else None)
+    reasoning = piece.reasoning if req.include_reasoning else ""
+    delta = compact(content=piece.content or None, reasoning=reasoning or None, reasoning_content=reasoning or None,
+                    tool_calls=deltas or None)
+    ending = {"stop_reason": comp.stop_reason} if final else {}  # vLLM sets it (maybe null) on the last chunk only
+    return {"index": comp.index, "delta": delta, "logprobs": logprobs,
+            "finish_reason": _finish(comp, sent.calls > 0) if final else None, **ending,
+            **compact(token_ids=list(comp.token_ids) if req.return_token_ids else None)}
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
                   created: int, media: list[PromptMediaOut] | None) -> AsyncIterator[bytes | str]:
-    def head(out: RequestOutput | None = None) -> dict:
-        return {"id": rid, "created": created, "model": state.config.model_name,
-                "weight_version": output_version(state, out)}
+    """The role chunk of each choice, then one chunk per choice per output (vLLM and OpenAI: one choice a chunk),
+    then the usage chunk when asked."""
+    def chunk(choice: dict[str, Any], out: RequestOutput | None, **extra: Any) -> bytes:
+        return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.config.model_name,
+                    "choices": [choice], **compact(**extra, weight_version=output_version(state, out))})
 
-    sent = [_Sent() for _ in range(req.n)]
     assert gen.first is not None
+    sent = [_Sent(prompt_opens_reasoning(state, req, gen.first.prompt_token_ids)) for _ in range(req.n)]
     so_far = running_usage(req.stream_options, len(gen.first.prompt_token_ids))
     for i in range(req.n):
-        yield sse(ChatCompletionChunk(**head(), choices=[
-            ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=echo_text(req)))],
-            prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None,
-            prompt_media=media if req.return_token_ids and i == 0 else None, usage=so_far(0)))
+        role = {"index": i, "delta": {"role": "assistant", "content": echo_text(req)}, "logprobs": None,
+                "finish_reason": None}
+        yield chunk(role, None, usage=so_far(0),
+                    prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None,
+                    prompt_media=media if req.return_token_ids and i == 0 else None)
 
     def event(_: int, out: RequestOutput) -> bytes | None:
-        choices = [_delta(state, req, c, sent[c.index]) for c in out.outputs
-                   if not sent[c.index].done and (c.token_ids or c.text or c.finish_reason)]
-        if not choices:
-            return None
-        return sse(compact(id=rid, object="chat.completion.chunk", created=created, model=state.config.model_name,
-                           choices=choices, usage=so_far(sum(s.tokens for s in sent)),
-                           weight_version=output_version(state, out)))
+        events = []
+        for c in out.outputs:
+            if sent[c.index].done or not (c.token_ids or c.text or c.finish_reason):
+                continue
+            choice = _delta(state, req, c, sent[c.index])
+            events.append(chunk(choice, out, usage=so_far(sum(s.tokens for s in sent))))
+        return b"".join(events) or None
 
     def usage_chunk(total: Usage) -> bytes | str:
-        return sse(ChatCompletionChunk(**head(gen.whole()), choices=[], usage=total))
+        whole = gen.whole()
+        parts = [(c, sent[c.index].span()) for c in whole.outputs] if whole is not None else []
+        return sse(ChatCompletionChunk(id=rid, created=created, model=state.config.model_name, choices=[],
+                                       usage=reasoning_usage(state, req, total, parts),
+                                       weight_version=output_version(state, whole)))
 
     async for text in generation_events(gen, event, usage_chunk, req.stream_options):
         yield text

@@ -103,16 +103,19 @@ def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, bas
 
 
 def _delta(state: ServerState, req: CompletionRequest, out: RequestOutput, c: CompletionOutput, index: int,
-           echo: str | None, at: int) -> dict[str, Any]:
-    """A chunk choice from one DELTA output of one sample (the first one echoes the prompt, when asked): the
-    None-free dict of CompletionChoice's SSE encoding, built directly (this runs once per token)."""
-    return compact(index=index, text=(echo or "") + c.text, logprobs=_logprobs(state, req, out, c, echo, at),
-                   finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                   token_ids=list(c.token_ids) if req.return_token_ids else None)
+           echo: str | None, at: int, first: bool) -> dict[str, Any]:
+    """A chunk choice from one DELTA output of one sample (the first one echoes the prompt, when asked, and carries
+    the prompt's ids with return_token_ids, as vLLM's): CompletionChoice's SSE encoding, built directly (this runs
+    once per token). `logprobs`, `finish_reason` and `stop_reason` are always there (null when empty)."""
+    return {"index": index, "text": (echo or "") + c.text, "logprobs": _logprobs(state, req, out, c, echo, at),
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+            **compact(token_ids=list(c.token_ids) if req.return_token_ids else None,
+                      prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids and first else None)}
 
 
 async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str, created: int,
                   echoes: list[str] | None) -> AsyncIterator[bytes | str]:
+    """One chunk per choice per output (vLLM and OpenAI: one choice a chunk), then the usage chunk when asked."""
     def head(out: RequestOutput | None = None) -> dict:
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
@@ -121,20 +124,22 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
     generated = [0] * len(gens)
 
     def event(i: int, out: RequestOutput) -> bytes | None:
-        choices = []
+        events = []
         generated[i] += sum(len(c.token_ids) for c in out.outputs)
+        so_far = running_usage(req.stream_options, len(out.prompt_token_ids))(generated[i])
         for c in map(partial(answered, req), out.outputs):
             index = i * req.n + c.index
-            echo = echoes[i] if echoes is not None and index not in chars else None
-            if echo is None and not (c.token_ids or c.text or c.finish_reason):
+            first = index not in chars
+            echo = echoes[i] if echoes is not None and first else None
+            carries = echo is not None or (first and req.return_token_ids)  # sent even when nothing is new
+            if not carries and not (c.token_ids or c.text or c.finish_reason):
                 continue
-            choices.append(_delta(state, req, out, c, index, echo, chars.get(index, 0)))
-            chars[index] = chars.get(index, 0) + len(choices[-1]["text"])
-        if not choices:
-            return None
-        so_far = running_usage(req.stream_options, len(out.prompt_token_ids))(generated[i])
-        return sse(compact(id=rid, object="text_completion", created=created, model=state.config.model_name,
-                           choices=choices, usage=so_far, weight_version=output_version(state, out)))
+            choice = _delta(state, req, out, c, index, echo, chars.get(index, 0), first)
+            chars[index] = chars.get(index, 0) + len(choice["text"])
+            events.append(sse({"id": rid, "object": "text_completion", "created": created,
+                               "model": state.config.model_name, "choices": [choice],
+                               **compact(usage=so_far, weight_version=output_version(state, out))}))
+        return b"".join(events) or None
 
     def tail() -> bytes | None:
         wholes = [g.whole() for g in gens]

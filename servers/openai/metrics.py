@@ -8,7 +8,15 @@ from collections import defaultdict
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 
-from servers.openai.metrics_collector import LATENCY_BUCKETS, Counts, Histogram, Reading, ServerCollector
+from servers.openai.metrics_collector import (
+    LATENCY_BUCKETS,
+    VLLM_E2E_BUCKETS,
+    VLLM_TTFT_BUCKETS,
+    Counts,
+    Histogram,
+    Reading,
+    ServerCollector,
+)
 
 __all__ = ["LATENCY_BUCKETS", "Histogram", "Metrics", "Reading", "exposition"]
 
@@ -37,6 +45,8 @@ class Metrics:
         self.running = 0
         self.e2e = Histogram()
         self.ttft = Histogram()
+        self.vllm_e2e = Histogram(VLLM_E2E_BUCKETS)  # the same observations in vLLM's buckets
+        self.vllm_ttft = Histogram(VLLM_TTFT_BUCKETS)
         self._scrape_lock = threading.Lock()
         self._reading = Reading({}, "")
         self.registry = CollectorRegistry(auto_describe=False)  # per server: several in one process do not clash
@@ -50,6 +60,7 @@ class Metrics:
             self.requests[(endpoint, status)] += 1
             if seconds is not None and status == 200 and endpoint in GENERATION_ENDPOINTS:
                 self.e2e.observe(seconds)
+                self.vllm_e2e.observe(seconds)
 
     def tokens(self, prompt: int, generated: int) -> None:
         with self._lock:
@@ -59,12 +70,13 @@ class Metrics:
     def first_token(self, seconds: float) -> None:
         with self._lock:
             self.ttft.observe(seconds)
+            self.vllm_ttft.observe(seconds)
 
     def counts(self) -> Counts:
         """A consistent copy of the counts."""
         with self._lock:
             return Counts(dict(self.requests), self.prompt_tokens, self.generation_tokens, self.aborted,
-                          self.running, self.e2e.copy(), self.ttft.copy())
+                          self.running, self.e2e.copy(), self.ttft.copy(), self.vllm_e2e.copy(), self.vllm_ttft.copy())
 
     def render(self, reading: Reading) -> str:
         """/metrics: every collector of this server's registry, with `reading` as the engine's state now."""

@@ -26,6 +26,8 @@ def log_error(method: str, path: str, err: ApiError, exc: BaseException | None =
     """A client's error is one WARNING line; a server error is an ERROR with its traceback."""
     if err.status < 500:
         log.warning("%s %s -> %d: %s", method, path, err.status, err.message)
+    elif err.status == 503:  # busy, asleep, paused or a replica down: a state, not a bug, so no traceback
+        log.error("%s %s -> %d: %s", method, path, err.status, err.message)
     else:
         log.error("%s %s -> %d: %s", method, path, err.status, err.message, exc_info=exc)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.replies import CompletionLogprobs, TokenLogprob, TopLogprob, Usage
@@ -28,68 +28,204 @@ class Parsed:
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
 
 
-class Parser(Protocol):
-    """One parser step; `final=False` while streaming: hold back text that may still become markup."""
+@dataclass
+class Delta:
+    """What one fed piece of text adds: reasoning text, content text, tool calls completed in it."""
 
-    def parse(self, text: str, final: bool = True) -> Parsed: ...
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ParsedToolCall] = field(default_factory=list)
 
 
-def _hold_back(text: str, tags: tuple[str, ...]) -> str:
-    """text minus a trailing partial prefix of any tag (so a streamed '<thi' is not sent as content)."""
-    for k in range(min(len(text), max(len(t) for t in tags)), 0, -1):
+def _partial_tag(text: str, tags: tuple[str, ...]) -> int:
+    """Length of text's longest suffix that is a proper prefix of a tag (a streamed '<thi' may become one)."""
+    for k in range(min(len(text), max(len(t) for t in tags) - 1), 0, -1):
         if any(t.startswith(text[-k:]) for t in tags):
-            return text[:-k]
-    return text
+            return k
+    return 0
+
+
+class ThinkStream:
+    """Incremental `<think>reasoning</think>content` splitter: before (content, a start tag may come), in the
+    reasoning, after it (content; the newlines right after the end tag are dropped). Linear in the text fed."""
+
+    def __init__(self, start: str, end: str, opened: bool) -> None:
+        self.start, self.end = start, end
+        self.state = "think" if opened else "before"
+        self.entered = opened  # a reasoning section exists (its text may be empty)
+        self.pending = ""  # held back: may be the start of a tag
+        self.pos = 0  # raw characters before `pending`
+        self.span: tuple[int, int | None] | None = (0, None) if opened else None  # reasoning's raw char range
+        self.skip_newlines = False
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        """(reasoning, content) that `text` completes; `final` flushes what was held back."""
+        buf, reasoning, content = self.pending + text, [], []
+        while buf:
+            if self.state == "after":
+                kept = buf.lstrip("\n") if self.skip_newlines else buf
+                self.skip_newlines = self.skip_newlines and not kept
+                content.append(kept)
+                self.pos, buf = self.pos + len(buf), ""
+                break
+            tag = self.end if self.state == "think" else self.start
+            out = reasoning if self.state == "think" else content
+            if (i := buf.find(tag)) >= 0:
+                out.append(buf[:i])
+                self._switch(self.pos + i, self.pos + i + len(tag))
+                self.pos, buf = self.pos + i + len(tag), buf[i + len(tag):]
+                continue
+            keep = 0 if final else _partial_tag(buf, (tag,))
+            out.append(buf[:len(buf) - keep])
+            self.pos, buf = self.pos + len(buf) - keep, buf[len(buf) - keep:]
+            break
+        self.pending = buf
+        return "".join(reasoning), "".join(content)
+
+    def _switch(self, tag_at: int, after: int) -> None:
+        if self.state == "think":
+            self.state, self.skip_newlines = "after", True
+            self.span = (self.span[0] if self.span else 0, tag_at)
+        else:
+            self.state, self.entered, self.span = "think", True, (after, None)
 
 
 class ThinkParser:
-    """`<think>reasoning</think>content` -> reasoning_content + content; the start tag may be in the prompt."""
+    """`<think>reasoning</think>content` -> reasoning_content + content; the start tag may be in the prompt
+    (`opened`): then everything up to the end tag, or all of an output cut off before it, is reasoning."""
 
     def __init__(self, start: str = "<think>", end: str = "</think>") -> None:
         self.start, self.end = start, end
 
-    def parse(self, text: str, final: bool = True) -> Parsed:
-        if self.end in text:
-            reasoning, _, content = text.partition(self.end)
-            reasoning = reasoning.split(self.start, 1)[1] if self.start in reasoning else reasoning
-            return Parsed(content.lstrip("\n") if final else content, reasoning)
-        if self.start in text:
-            before, _, reasoning = text.partition(self.start)
-            return Parsed(before, reasoning if final else _hold_back(reasoning, (self.end,)))
-        return Parsed(text if final else _hold_back(text, (self.start, self.end)))
+    def opened_by(self, prompt_tail: str) -> bool:
+        """Whether a rendered prompt ending in `prompt_tail` leaves a reasoning section open (`...<think>\\n`)."""
+        return prompt_tail.rstrip().endswith(self.start)
+
+    def guess_opened(self, text: str) -> bool:
+        """For a whole text whose prompt is unknown: an end tag with no start tag before it was opened there."""
+        head, found, _ = text.partition(self.end)
+        return bool(found) and self.start not in head
+
+    def stream(self, opened: bool = False) -> ThinkStream:
+        return ThinkStream(self.start, self.end, opened)
+
+    def parse(self, text: str, final: bool = True, opened: bool | None = None) -> Parsed:
+        s = self.stream(self.guess_opened(text) if opened is None else opened)
+        reasoning, content = s.feed(text, final)
+        return Parsed(content, reasoning if s.entered else None)
+
+
+class HermesStream:
+    """Incremental Hermes tool-call splitter over content text: text (whitespace before a call or at the end is
+    held, and dropped once there are calls), and `<tool_call>` blocks emitted whole when their end tag arrives; a
+    block that is not a JSON call with a string name stays visible as text."""
+
+    start, end = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        self.pending = ""
+        self.in_call = False
+        self.space = ""  # trailing whitespace not yet sent
+        self.calls = 0
+        self.searched = 0  # pending's characters already searched for the end tag (a call's body is held whole)
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ParsedToolCall]]:
+        buf, content, calls = self.pending + text, [], []
+        while buf:
+            tag = self.end if self.in_call else self.start
+            if (i := buf.find(tag, self.searched)) >= 0:
+                self.searched = 0
+                if self.in_call:
+                    call = _hermes_call(buf[:i])
+                    calls += [call] if call else []
+                    content += [] if call else [self._text(self.start + buf[:i + len(tag)])]
+                else:
+                    content.append(self._text(buf[:i]))
+                self.in_call, buf = not self.in_call, buf[i + len(tag):]
+                continue
+            if self.in_call:
+                content += [self._text(self.start + buf)] if final else []
+                buf = "" if final else buf
+                self.searched = max(0, len(buf) - len(tag) + 1)
+            else:
+                keep = 0 if final else _partial_tag(buf, (tag,))
+                content.append(self._text(buf[:len(buf) - keep]))
+                buf = buf[len(buf) - keep:]
+            break
+        self.pending = buf
+        self.calls += len(calls)
+        if final and not self.calls:
+            content.append(self.space)
+        return "".join(content), calls
+
+    def _text(self, text: str) -> str:
+        """text after the held whitespace, minus its own trailing whitespace (held in turn)."""
+        joined = self.space + text
+        body = joined.rstrip()
+        self.space = joined[len(body):]
+        return body
+
+
+def _hermes_call(body: str) -> ParsedToolCall | None:
+    """One block's `{"name": ..., "arguments": {...}}` as a call, or None when it is not one."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], arguments)
 
 
 class HermesToolParser:
     """Hermes / Qwen `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks -> tool_calls."""
 
-    start, end = "<tool_call>", "</tool_call>"
-    _block = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+    start, end = HermesStream.start, HermesStream.end
+
+    def stream(self) -> HermesStream:
+        return HermesStream()
 
     def parse(self, text: str, final: bool = True) -> Parsed:
-        if not final:  # tool calls are emitted once complete; stream only the text before the first one
-            head = text.split(self.start, 1)[0]
-            return Parsed(head if self.start in text else _hold_back(head, (self.start,)))
+        content, calls = self.stream().feed(text, final)
+        return Parsed(content, tool_calls=calls)
+
+
+class OutputStream:
+    """The server's chain fed incrementally: reasoning first, then tool calls on the content; `parsed()` is all of
+    it so far (the same whatever the pieces were)."""
+
+    def __init__(self, think: ThinkStream | None, tools: HermesStream | None) -> None:
+        self.think, self.tools = think, tools
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+        self.calls: list[ParsedToolCall] = []
+
+    def feed(self, text: str, final: bool = False) -> Delta:
+        reasoning, content = self.think.feed(text, final) if self.think else ("", text)
         calls: list[ParsedToolCall] = []
-        for body in self._block.findall(text):
-            try:
-                obj = json.loads(body)
-            except json.JSONDecodeError:
-                return Parsed(text)  # malformed markup stays visible as text
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                return Parsed(text)
-            args = obj.get("arguments", obj.get("parameters", {}))
-            arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-            calls.append(ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], arguments))
-        if not calls:
-            return Parsed(text)
-        remaining = self._block.sub("", text).strip()
-        return Parsed(remaining, tool_calls=calls)
+        if self.tools is not None:
+            content, calls = self.tools.feed(content, final)
+        self.reasoning.append(reasoning)
+        self.content.append(content)
+        self.calls += calls
+        return Delta(reasoning, content, calls)
+
+    def parsed(self) -> Parsed:
+        entered = self.think is not None and self.think.entered
+        return Parsed("".join(self.content), "".join(self.reasoning) if entered else None, list(self.calls))
+
+    @property
+    def reasoning_span(self) -> tuple[int, int | None] | None:
+        """The reasoning's raw character range in the text fed (end None: still open), or None."""
+        return self.think.span if self.think else None
 
 
 class OutputParser:
     """The server's chain: reasoning first, then tool calls on what remains."""
 
-    def __init__(self, reasoning: Parser | None = None, tools: Parser | None = None) -> None:
+    def __init__(self, reasoning: ThinkParser | None = None, tools: HermesToolParser | None = None) -> None:
         self.reasoning = reasoning
         self.tools = tools
 
@@ -97,12 +233,42 @@ class OutputParser:
     def active(self) -> bool:
         return self.reasoning is not None or self.tools is not None
 
-    def parse(self, text: str, final: bool = True, use_tools: bool = True) -> Parsed:
-        out = self.reasoning.parse(text, final) if self.reasoning else Parsed(text)
-        if self.tools is not None and use_tools:
-            parsed = self.tools.parse(out.content, final)
-            out = Parsed(parsed.content, out.reasoning_content, parsed.tool_calls)
-        return out
+    def stream(self, opened: bool = False, use_tools: bool = True) -> OutputStream:
+        return OutputStream(self.reasoning.stream(opened) if self.reasoning else None,
+                            self.tools.stream() if self.tools is not None and use_tools else None)
+
+    def parse(self, text: str, final: bool = True, use_tools: bool = True, opened: bool | None = None) -> Parsed:
+        if opened is None:
+            opened = self.reasoning is not None and self.reasoning.guess_opened(text)
+        s = self.stream(opened, use_tools)
+        s.feed(text, final)
+        return s.parsed()
+
+    def opened_by(self, tokenizer: Any, prompt_token_ids: list[int]) -> bool:
+        """Whether the prompt (its last tokens, decoded) leaves a reasoning section open."""
+        if self.reasoning is None or not prompt_token_ids:
+            return False
+        tail = tokenizer.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
+        return self.reasoning.opened_by(tail)
+
+
+PROMPT_TAIL_TOKENS = 32  # prompt tokens decoded to see whether the template opened a reasoning section
+
+
+def reasoning_tokens(tokenizer: Any, token_ids: list[int], span: tuple[int, int | None] | None,
+                     skip_special_tokens: bool = True) -> int:
+    """Generated tokens wholly inside the reasoning's character range (vLLM's count: its tags are not reasoning);
+    token i covers [L(i), L(i+1)) where L(k) is the length of the first k tokens decoded (found by bisection)."""
+    if span is None or not token_ids:
+        return 0
+    ids = list(token_ids)
+
+    def length(k: int) -> int:
+        return len(tokenizer.decode(ids[:k], skip_special_tokens=skip_special_tokens))
+
+    first = bisect_left(range(len(ids) + 1), span[0], key=length)
+    last = len(ids) if span[1] is None else bisect_right(range(len(ids) + 1), span[1], key=length) - 1
+    return max(0, last - first)
 
 
 REASONING_PARSERS = {"qwen3": ThinkParser, "deepseek_r1": ThinkParser, "think": ThinkParser}

@@ -13,9 +13,13 @@ from servers.openai.generation_defaults import max_tokens_cap, sampling_value
 from servers.openai.replies import ApiError
 from servers.openai.structured import StructuredFields, structured_outputs_params
 from servers.openai.vllm_fields import (
+    NullMeansDefault,
+    OpenAIChatFields,
     VllmChatFields,
     VllmCompletionFields,
     VllmSamplingFields,
+    check_best_of,
+    check_openai_fields,
     check_prompt_logprobs,
     check_vllm_fields,
 )
@@ -113,13 +117,20 @@ class NamedToolChoice(Strict):
     function: dict[str, str]
 
 
-class StreamOptions(Strict):
+class StreamOptions(Strict, NullMeansDefault):
+    NULL_IS_DEFAULT = frozenset({"include_usage", "continuous_usage_stats"})
+
     include_usage: bool = True  # vLLM's default: stream_options {} asks for the usage chunk
     continuous_usage_stats: bool = False  # with include_usage: usage so far on every chunk
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream chunks: none is added here
 
 
-class SamplingFields(Strict, VllmSamplingFields, StructuredFields):
+class SamplingFields(Strict, VllmSamplingFields, StructuredFields, NullMeansDefault):
     """Fields shared by chat and text completions (OpenAI names, then vLLM extensions)."""
+
+    # vLLM types these Optional: an explicit null is the default
+    NULL_IS_DEFAULT = frozenset({"n", "stream", "logprobs", "echo", "presence_penalty", "frequency_penalty",
+                                 "best_of", "return_token_ids", "return_tokens_as_token_ids"})
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
@@ -151,7 +162,7 @@ class SamplingFields(Strict, VllmSamplingFields, StructuredFields):
     affinity_key: str | None = Field(default=None, max_length=256)
 
 
-class ChatCompletionRequest(SamplingFields, VllmChatFields):
+class ChatCompletionRequest(SamplingFields, VllmChatFields, OpenAIChatFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     logprobs: bool = False
@@ -171,6 +182,7 @@ class CompletionRequest(SamplingFields, VllmCompletionFields):
     max_tokens: int | None = Field(default=16, ge=0, le=INT64_MAX)  # OpenAI's completions default; 0 with echo only
     logprobs: int | None = Field(default=None, ge=0, le=20)
     add_special_tokens: bool = True
+    best_of: int | None = None  # OpenAI's: 1 (one sample) only, see check_best_of
 
 
 class TokenizeRequest(Strict):
@@ -276,6 +288,10 @@ def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str,
         raise ApiError(400, f"logprobs_mode {mode!r} is not supported; use one of {list(LOGPROBS_MODES)}",
                        param="logprobs_mode")
     check_vllm_fields(req)
+    if isinstance(req, ChatCompletionRequest):
+        check_openai_fields(req)
+    else:
+        check_best_of(getattr(req, "best_of", None))
     check_prompt_logprobs(req.prompt_logprobs, req.stream)
     check_stops(req.stop)
     check_logit_bias(req.logit_bias)

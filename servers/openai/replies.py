@@ -53,6 +53,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: dict[str, int] | None = None
+    completion_tokens_details: dict[str, int] | None = None  # vLLM: {"reasoning_tokens": N} with a reasoning parser
 
 
 class ChatChoice(BaseModel):

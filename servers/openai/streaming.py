@@ -23,6 +23,7 @@ from servers.openai.outputs import json_logprobs, usage
 from servers.openai.pause import Ticket
 from servers.openai.replies import ApiError, Usage, error_body, from_exception
 from servers.openai.state import ServerState
+from servers.openai.structured import grammar_after_reasoning
 
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -73,6 +74,7 @@ class Generation:
         self.started = time.perf_counter()
         if stream:
             params = replace(params, output_kind=RequestOutputKind.DELTA)
+        params = grammar_after_reasoning(params, state.parser, state.preparer.tokenizer)  # vLLM: after </think>
         self._gen = state.backend.generate(prompt, params, request_id, affinity_key, stream)
         self._streamed = OutputAccumulator()
         self.first: RequestOutput | None = None

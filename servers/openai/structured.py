@@ -4,6 +4,7 @@ to the one StructuredOutputsParams of a request."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,6 +14,7 @@ from servers.openai.outputs import HermesToolParser, OutputParser
 from servers.openai.replies import ApiError
 
 if TYPE_CHECKING:
+    from mm_infer.engine.sampling import SamplingParams
     from servers.openai.protocol import SamplingFields, Tool
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
@@ -143,3 +145,29 @@ def structured_outputs_params(req: SamplingFields) -> StructuredOutputsParams | 
         return StructuredOutputsParams(**{kind: spec}, **options)
     except ValueError as e:
         raise ApiError(400, str(e), param=field) from None
+
+
+def _single_token(tokenizer: Any, tag: str) -> int | None:
+    """The tag's token id when it is one token of the vocabulary (vLLM's reasoning parsers need that), else None."""
+    tid = tokenizer.convert_tokens_to_ids(tag)
+    return None if tid is None or tid == getattr(tokenizer, "unk_token_id", None) else int(tid)
+
+
+def reasoning_tag_ids(parser: OutputParser, tokenizer: Any) -> tuple[int, int] | None:
+    """(start id, end id) of the server's reasoning tags, or None: no reasoning parser, or a tag that is not one
+    token of this checkpoint (then the grammar applies from token 0, as without a parser)."""
+    if parser.reasoning is None:
+        return None
+    start, end = _single_token(tokenizer, parser.reasoning.start), _single_token(tokenizer, parser.reasoning.end)
+    return None if start is None or end is None else (start, end)
+
+
+def grammar_after_reasoning(params: SamplingParams, parser: OutputParser, tokenizer: Any) -> SamplingParams:
+    """params whose grammar starts after the reasoning end token when a reasoning parser is on (vLLM's structured
+    output manager with a reasoner): the engine leaves the tokens up to `</think>` unconstrained, or applies the
+    grammar from token 0 when the prompt's last reasoning tag is `</think>`. Other params are returned as they are."""
+    spec = params.structured_outputs
+    if spec is None or spec.reasoning_end_ids is not None or (ids := reasoning_tag_ids(parser, tokenizer)) is None:
+        return params
+    spec = replace(spec, reasoning_start_ids=(ids[0],), reasoning_end_ids=(ids[1],))
+    return replace(params, structured_outputs=spec)

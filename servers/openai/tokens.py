@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_text
 from servers.openai.chat import build_chat_prompt
-from servers.openai.outputs import token_str
 from servers.openai.protocol import DetokenizeRequest, TokenizeRequest
 from servers.openai.replies import ApiError, DetokenizeResponse, PlaceholderOut, TokenizeResponse, from_exception
 from servers.openai.state import ServerState
@@ -26,18 +26,32 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
         text = req.prompt or ""
         check_text(state.preparer.tokenizer, state.backend.max_model_len, [text], "prompt")
         ids = await asyncio.to_thread(state.preparer.renderer.encode, text, req.add_special_tokens)
+        if not ids:  # vLLM counts an empty prompt as 0 tokens (generation would refuse it)
+            return _response(state, req, [])
         prompt = PromptInput(token_ids=ids)
     try:
         prepared = await asyncio.to_thread(state.preparer.prepare, prompt)
     except Exception as exc:
         raise from_exception(exc) from exc
-    ids = list(prepared.prompt_token_ids)
-    return TokenizeResponse(
-        count=len(ids), max_model_len=state.backend.max_model_len, tokens=ids,
-        token_strs=[token_str(state.preparer.tokenizer, t, False) for t in ids] if req.return_token_strs else None,
-        placeholders=[PlaceholderOut(modality=r.modality, offset=r.offset, length=r.length,
+    return _response(state, req, list(prepared.prompt_token_ids),
+                     [PlaceholderOut(modality=r.modality, offset=r.offset, length=r.length,
                                      frame_indices=_frames(prepared.items[r.item_index].frame_indices))
                       for r in prepared.placeholders])
+
+
+def _response(state: ServerState, req: TokenizeRequest, ids: list[int],
+              placeholders: list[PlaceholderOut] | None = None) -> TokenizeResponse:
+    pieces = token_pieces(state.preparer.tokenizer, ids) if req.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=state.backend.max_model_len, tokens=ids,
+                            token_strs=pieces, placeholders=placeholders or [])
+
+
+def token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each id's vocabulary piece ('Ġa', 'Ċ'), as vLLM's convert_ids_to_tokens gives them, not its decoded text."""
+    if hasattr(tokenizer, "convert_ids_to_tokens"):  # an HF tokenizer
+        return [str(p) for p in tokenizer.convert_ids_to_tokens(ids)]
+    backend = tokenizer.backend  # mm_infer's Tokenizer: the `tokenizers` model
+    return [backend.id_to_token(t) or "" for t in ids]
 
 
 def _frames(indices: tuple[int, ...] | None) -> list[int] | None:

@@ -1,10 +1,11 @@
-"""vLLM's request fields beyond OpenAI's: the models that accept them and the 400s for the ones we cannot honour."""
+"""vLLM's request fields beyond OpenAI's, and OpenAI's own we do not act on: the models and the 400s for the ones we
+cannot honour."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servers.openai.replies import ApiError
 
@@ -15,6 +16,24 @@ class VllmStrict(BaseModel):
     """Unknown fields and non-finite numbers are a 400 naming the field (the same rule as protocol.Strict)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def drop_nulls(data: Any, names: frozenset[str]) -> Any:
+    """A body without the `names` sent as null: vLLM types them Optional, so null means the default."""
+    if isinstance(data, dict) and any(data.get(k, 0) is None for k in names):
+        return {k: v for k, v in data.items() if not (v is None and k in names)}
+    return data
+
+
+class NullMeansDefault(BaseModel):
+    """Fields in NULL_IS_DEFAULT take their default when sent as null (clients that serialise every field)."""
+
+    NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        return drop_nulls(data, cls.NULL_IS_DEFAULT)
 
 
 class VllmSamplingFields(VllmStrict):
@@ -35,6 +54,25 @@ class VllmSamplingFields(VllmStrict):
     repetition_min_count: int = Field(default=0, ge=0)
     mm_payload: Literal["tensors", "none"] | None = None  # render only: "tensors" carries the pixels inline
     return_mm_kwargs: bool | None = None  # vLLM's deprecated alias: true is "tensors"
+
+
+class OpenAIChatFields(VllmStrict):
+    """OpenAI's chat fields this server does not act on: ignored where that leaves the answer as OpenAI's would be
+    (hints, bookkeeping), a 400 by check_openai_fields where it would not (see servers/openai/README.md)."""
+
+    store: bool | None = None  # nothing is stored
+    metadata: dict[str, str] | None = None  # stored completions' tags: nothing is stored
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # one tier here
+    prompt_cache_key: str | None = None  # a cache-routing hint; the prefix cache needs none
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: str | None = None  # an end-user id for abuse tracking, like user
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint vLLM ignores too
+    prediction: dict[str, Any] | None = None  # predicted output: a latency hint, the answer is the same
+    modalities: list[Literal["text", "audio"]] | None = None  # ["text"] only
+    audio: dict[str, Any] | None = None  # audio output: a 400 when set
+    web_search_options: dict[str, Any] | None = None  # built-in web search: a 400 when set
+    functions: list[dict[str, Any]] | None = None  # the deprecated tools: a 400 when non-empty (send tools)
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None  # a named one is a 400 (tool_choice)
 
 
 class VllmChatFields(VllmStrict):
@@ -91,6 +129,26 @@ def check_vllm_fields(req: Any) -> None:
     if req.truncate_prompt_tokens == 0:
         raise ApiError(400, "truncate_prompt_tokens must be -1 (max_model_len) or at least 1",
                        param="truncate_prompt_tokens")
+
+
+def check_openai_fields(req: Any) -> None:
+    """400 for OpenAI chat fields whose values this server cannot honour (each would change the answer)."""
+    if req.modalities is not None and "audio" in req.modalities:
+        raise _unsupported("modalities", " (text output only); send [\"text\"]")
+    if req.audio is not None:
+        raise _unsupported("audio", " (text output only)")
+    if req.web_search_options is not None:
+        raise _unsupported("web_search_options", " (no built-in web search)")
+    if req.functions:
+        raise _unsupported("functions", " (deprecated by OpenAI); send tools")
+    if isinstance(req.function_call, dict):  # "none" / "auto" without functions change nothing
+        raise _unsupported("function_call", " (deprecated by OpenAI); send tool_choice")
+
+
+def check_best_of(best_of: int | None) -> None:
+    """best_of 1 (or null) is one sample, as without it; more would pick the best of several: not done here."""
+    if best_of is not None and best_of != 1:
+        raise _unsupported("best_of", " (only 1: no server-side best-of sampling); send n instead")
 
 
 def check_prompt_logprobs(k: int | None, stream: bool) -> None:

@@ -16,3 +16,17 @@ def local_ray() -> Iterator[None]:
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_replica_server(local_ray: None) -> Iterator[object]:
+    """A server over 2 Ray replicas of the tiny checkpoint (128 KV blocks each), for one test module."""
+    from replica_cases import CKPT, OPTIONS
+
+    from servers.openai.config import ServerConfig
+    from servers.openai.launch import BackgroundServer, free_port
+
+    srv = BackgroundServer(ServerConfig(model_dir=str(CKPT), port=free_port(), replicas=2,
+                                        engine_options={**OPTIONS, "num_kv_blocks": 128})).start()
+    yield srv
+    srv.stop()

@@ -6,27 +6,21 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from replica_cases import CKPT, OPTIONS, png
+from replica_cases import png
 
-from servers.openai.config import ServerConfig
-from servers.openai.launch import BackgroundServer, free_port
+from servers.openai.launch import BackgroundServer
 
 RUNAWAY = 900
 PROMPT = [{"role": "user", "content": "Count slowly:"}]
 
 
 @pytest.fixture(scope="module")
-def served(local_ray: None) -> Iterator[BackgroundServer]:
-    config = ServerConfig(model_dir=str(CKPT), port=free_port(), replicas=2,
-                          engine_options={**OPTIONS, "num_kv_blocks": 128})
-    srv = BackgroundServer(config).start()
-    yield srv
-    srv.stop()
+def served(two_replica_server: BackgroundServer) -> BackgroundServer:
+    return two_replica_server
 
 
 def _post(srv: BackgroundServer, path: str, body: dict) -> httpx.Response:

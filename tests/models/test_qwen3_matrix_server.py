@@ -44,6 +44,7 @@ def served(request) -> Iterator[tuple[str, openai.OpenAI, str, LLM]]:
     model = QWEN3[request.param]
     options = {"num_kv_blocks": 256, "max_model_len": 2048, "batch_invariant": True, "cpu_threads": 1}
     srv = BackgroundServer(ServerConfig(model_dir=str(model), port=free_port(), api_key=KEY, max_body_bytes=4 << 20,
+                                        extra_served_names=("m",),  # requests name "m"; others are a 404
                                         engine_options=options)).start()
     client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key=KEY, max_retries=0, timeout=120)
     yield request.param, client, srv.base_url, LLM(str(model), **options)

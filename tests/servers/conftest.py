@@ -20,6 +20,7 @@ def server() -> Iterator[BackgroundServer]:
     config = ServerConfig(
         model_dir=str(CKPT), port=free_port(), api_key=API_KEY, max_body_bytes=4 << 20,
         reasoning_parser="think", tool_parser="hermes",
+        extra_served_names=("m",),  # the tests name model "m"; an unserved name is a 404 (vLLM's rule)
         fetch=FetchConfig(allowed_media_paths=(MEDIA,), max_bytes=1 << 20),
         allowed_weights_paths=(CKPT.parent, Path(tempfile.gettempdir())),  # refit tests write under tmp_path
         engine_options={"num_kv_blocks": NUM_BLOCKS, "max_model_len": MAX_MODEL_LEN, "batch_invariant": True})

@@ -11,8 +11,8 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def test_models_health_version(client, server):
-    models = client.models.list().data
-    assert [m.id for m in models] == ["tiny-qwen2-vl"] and models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+    models = client.models.list().data  # conftest serves "m" too: unserved model names are now a 404
+    assert [m.id for m in models] == ["tiny-qwen2-vl", "m"] and models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert httpx.get(f"{server.base_url}/version", headers=AUTH).json()["version"]
 
@@ -82,7 +82,7 @@ def test_metrics_exposition(client, server):
                  "mm_infer_time_to_first_token_seconds_count ", "# TYPE mm_infer_encoder_cache_hits_total counter",
                  "mm_infer_encoder_cache_hits_total ", "mm_infer_prefix_cache_hit_tokens_total ",
                  "mm_infer_encoder_cache_hits ", "mm_infer_prefix_cache_hit_tokens ",  # the old names, kept
-                 "vllm:generation_tokens_total{model_name=", "process_resident_memory_bytes "):
+                 "vllm:generation_tokens_total{engine=\"0\",model_name=", "process_resident_memory_bytes "):
         assert name in text, name
     assert httpx.get(f"{server.base_url}/no/such/path/{id(text)}", headers=AUTH).status_code == 404
     text = httpx.get(f"{server.base_url}/metrics", headers=AUTH).text

@@ -143,6 +143,7 @@ def test_live_server_fetches_http_media_when_allowed(http_url, photo_url):
     from servers.openai.launch import BackgroundServer, free_port
 
     config = ServerConfig(model_dir=str(CKPT), port=free_port(), fetch=FetchConfig(allow_private_urls=True),
+                          extra_served_names=("m",),  # the requests name "m": an unserved name is a 404
                           engine_options={"num_kv_blocks": 64, "max_model_len": 512})
     with BackgroundServer(config) as srv:
         client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="none", max_retries=0)

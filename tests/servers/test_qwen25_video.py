@@ -19,7 +19,8 @@ KW = {"video_max_pixels": SMALL, "fps": 1.0}
 
 @pytest.fixture(scope="module")
 def server25() -> Iterator[BackgroundServer]:
-    config = ServerConfig(model_dir=str(CKPT25), port=free_port(), engine_options={"num_kv_blocks": 128})
+    config = ServerConfig(model_dir=str(CKPT25), port=free_port(), engine_options={"num_kv_blocks": 128},
+                          extra_served_names=("m",))  # the requests name "m": an unserved name is a 404
     with BackgroundServer(config) as srv:
         yield srv
 

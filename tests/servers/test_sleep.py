@@ -30,6 +30,7 @@ def rss_bytes() -> int:
 @pytest.fixture(scope="module")
 def sleeper() -> Iterator[BackgroundServer]:
     config = ServerConfig(model_dir=str(CKPT), port=free_port(), enable_sleep_mode=True,
+                          extra_served_names=("m",),  # the requests name "m": an unserved name is a 404
                           allowed_weights_paths=(CKPT.parent,),
                           engine_options={"kv_cache_memory_bytes": KV_BYTES, "max_model_len": 1024})
     srv = BackgroundServer(config).start()

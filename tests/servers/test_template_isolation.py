@@ -140,3 +140,16 @@ def test_a_schema_over_the_size_cap_is_a_400_naming_it(http):
     r = chat(http, response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": schema}})
     assert r.status_code == 400, r.text
     assert "over this server's limit of 8192 bytes" in r.json()["error"]["message"]
+
+
+def test_a_requests_own_template_sees_developer_as_system(server, http):
+    # vLLM's rule holds in the worker too: a template that knows no developer role renders it as system
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    ids = [http.post("/tokenize", json={"model": MODEL, "messages": [{"role": role, "content": "be brief"}],
+                                        "chat_template": template}).json()["tokens"]
+           for role in ("developer", "system")]
+    assert ids[0] == ids[1]
+    knows = "{% for m in messages %}{% if m['role'] == 'developer' %}D{% endif %}{{ m['content'] }}{% endfor %}"
+    r = http.post("/tokenize", json={"model": MODEL, "messages": [{"role": "developer", "content": "x"}],
+                                     "chat_template": knows})
+    assert r.json()["tokens"] == server.state.preparer.tokenizer.encode("Dx", add_special_tokens=False)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.chat import parse_chat_output
-from servers.openai.outputs import Parsed, chat_logprobs, json_logprobs
+from servers.openai.chat import parse_with_span, prompt_opens_reasoning, reasoning_usage
+from servers.openai.outputs import Parsed, chat_logprobs, json_logprobs, usage
 from servers.openai.protocol import ChatCompletionRequest, FunctionDef, NamedToolChoice, Tool
 from servers.openai.replies import ApiError, TokenLogprob
 from servers.openai.responses_api.inputs import to_chat_messages
@@ -118,10 +118,6 @@ def output_items(parsed: Parsed, comp: CompletionOutput, prompt_token_ids: list[
     return items
 
 
-def parse_output(state: ServerState, chat: ChatCompletionRequest, text: str, final: bool) -> Parsed:
-    return parse_chat_output(state, chat, text, final)
-
-
 def response_head(state: ServerState, req: ResponsesRequest, rid: str, created: int) -> ResponseObject:
     """The response without its output: what a stream announces first (status in_progress)."""
     return ResponseObject(
@@ -137,16 +133,17 @@ def finish_response(state: ServerState, head: ResponseObject, chat: ChatCompleti
                     item_ids: ItemIds | None = None, weight_version: int | None = None) -> ResponseObject:
     """head completed with the output items, usage and status of the finished request."""
     comp = out.outputs[0]
-    parsed = parse_output(state, chat, comp.text, True)
+    parsed, span = parse_with_span(state, chat, comp.text, prompt_opens_reasoning(state, chat, out.prompt_token_ids))
     tok = state.preparer.tokenizer
     logprobs = chat_logprobs(tok, comp, 0, chat.top_logprobs or 0, False) if chat.logprobs else None
     prompt, generated = len(out.prompt_token_ids), len(comp.token_ids)
-    usage = ResponseUsage(input_tokens=prompt, output_tokens=generated, total_tokens=prompt + generated,
-                          input_tokens_details={"cached_tokens": out.num_cached_tokens},
-                          output_tokens_details={"reasoning_tokens": 0})
+    details = reasoning_usage(state, chat, usage(out), [(comp, span)]).completion_tokens_details or {}
+    totals = ResponseUsage(input_tokens=prompt, output_tokens=generated, total_tokens=prompt + generated,
+                           input_tokens_details={"cached_tokens": out.num_cached_tokens},
+                           output_tokens_details={"reasoning_tokens": details.get("reasoning_tokens", 0)})
     incomplete = comp.finish_reason == "length"
     return head.model_copy(update={
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "output": output_items(parsed, comp, out.prompt_token_ids, logprobs, item_ids), "usage": usage,
+        "output": output_items(parsed, comp, out.prompt_token_ids, logprobs, item_ids), "usage": totals,
         "weight_version": state.backend.weight_version if weight_version is None else weight_version})

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 
 from servers.openai.protocol import InputImagePart, InputVideoPart, Strict
+from servers.openai.vllm_fields import NullMeansDefault
 
 
 class TokenFields(Strict):
@@ -92,8 +93,14 @@ class FunctionTool(Strict):
     strict: bool | None = None
 
 
-class ResponsesRequest(Strict):
+class ResponsesStreamOptions(Strict):
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream events: none is added here
+
+
+class ResponsesRequest(Strict, NullMeansDefault):
     """OpenAI fields, then the vLLM-style sampling extensions the chat endpoint also takes."""
+
+    NULL_IS_DEFAULT = frozenset({"stream", "presence_penalty", "frequency_penalty"})  # as for chat
 
     model: str | None = None
     input: str | list[InputItem]
@@ -107,11 +114,15 @@ class ResponsesRequest(Strict):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     stream: bool = False
+    stream_options: ResponsesStreamOptions | None = None
     store: bool | None = None
     background: bool | None = None
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # a cache-routing hint; the prefix cache needs none
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: str | None = None  # an end-user id for abuse tracking, like user
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None  # "auto" behaves as "disabled", as in vLLM

@@ -8,11 +8,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
+from servers.openai.chat import chat_stream, prompt_opens_reasoning
 from servers.openai.json_out import named_sse
-from servers.openai.outputs import Parsed
+from servers.openai.outputs import Delta, OutputStream
 from servers.openai.protocol import ChatCompletionRequest
 from servers.openai.replies import from_exception
-from servers.openai.responses_api.build import ItemIds, finish_response, parse_output
+from servers.openai.responses_api.build import ItemIds, finish_response
 from servers.openai.responses_api.objects import OutputMessage, OutputReasoning, ResponseObject
 from servers.openai.state import ServerState
 from servers.openai.streaming import aborted_error, output_version
@@ -52,17 +53,17 @@ class _Progress:
     def _at(self, item_id: str, kind: str) -> dict[str, Any]:
         return {"item_id": item_id, "output_index": self.index[kind], "content_index": 0}
 
-    def advance(self, parsed: Parsed) -> Iterator[str]:
-        reasoning = parsed.reasoning_content or ""
-        grew = len(reasoning) > len(self.reasoning) and reasoning.startswith(self.reasoning)
-        if grew and "message" not in self.index:
+    def advance(self, piece: Delta) -> Iterator[str]:
+        """Events for one piece of parsed text: reasoning deltas (announcing the item), then message text deltas
+        (closing the reasoning and announcing the message first)."""
+        if piece.reasoning and "message" not in self.index:
             if "reasoning" not in self.index:
                 yield from self._announce("reasoning", {"type": "reasoning", "id": self.ids.reasoning, "summary": [],
                                                         "content": [], "status": "in_progress"})
             yield self.ev("response.reasoning_text.delta", **self._at(self.ids.reasoning, "reasoning"),
-                          delta=reasoning[len(self.reasoning):])
-            self.reasoning = reasoning
-        if len(parsed.content) > len(self.text) and parsed.content.startswith(self.text):
+                          delta=piece.reasoning)
+            self.reasoning += piece.reasoning
+        if piece.content:
             if "message" not in self.index:
                 if "reasoning" in self.index:
                     yield from self.close_reasoning(OutputReasoning(
@@ -74,8 +75,8 @@ class _Progress:
                 yield self.ev("response.content_part.added", **self._at(self.ids.message, "message"),
                               part={"type": "output_text", "text": "", "annotations": []})
             yield self.ev("response.output_text.delta", **self._at(self.ids.message, "message"),
-                          delta=parsed.content[len(self.text):], logprobs=[])
-            self.text = parsed.content
+                          delta=piece.content, logprobs=[])
+            self.text += piece.content
 
     def close_reasoning(self, item: OutputReasoning) -> Iterator[str]:
         self.reasoning_done = True
@@ -127,11 +128,12 @@ async def response_events(state: ServerState, head: ResponseObject, chat: ChatCo
     final: RequestOutput | None = None
     version = state.backend.weight_version
     streamed = OutputAccumulator()  # `snapshots` are DELTA outputs
-    text = ""  # the parsers read all of it: markup may span deltas
+    parser: OutputStream | None = None  # made on the first output (its prompt says whether reasoning is open)
     try:
         async for out in snapshots:
             comp = streamed.add(out).outputs[0]
-            text += comp.text
+            if parser is None:
+                parser = chat_stream(state, chat, prompt_opens_reasoning(state, chat, out.prompt_token_ids))
             if comp.finish_reason == "abort":
                 err = aborted_error()
                 yield ev("error", code=str(err.status), message=err.message, param=None)
@@ -139,7 +141,7 @@ async def response_events(state: ServerState, head: ResponseObject, chat: ChatCo
             if comp.finish_reason is not None:
                 final, version = streamed.whole(), output_version(state, out)  # in flight: no refit can have run yet
                 break
-            for event in progress.advance(parse_output(state, chat, text, False)):
+            for event in progress.advance(parser.feed(comp.text) if parser else Delta(content=comp.text)):
                 yield event
     except Exception as exc:  # an abort by pause or an engine failure becomes an error event
         err = from_exception(exc)
