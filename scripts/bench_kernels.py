@@ -1,4 +1,4 @@
-"""Times each kernels/ op against its torch reference on CUDA: ms, GB/s and fraction of peak bandwidth."""
+"""Times each mm_infer_kernels/ op against its torch reference on CUDA: ms, GB/s and fraction of peak bandwidth."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def frames_batch(sizes: list[tuple[int, int, int]]) -> list[torch.Tensor]:
 
 
 def bench_patchify(peak: float | None) -> list[Result]:
-    from kernels import fused_patchify as pf
-    from kernels.dispatch import pack_frames
+    from mm_infer_kernels import fused_patchify as pf
+    from mm_infer_kernels.dispatch import pack_frames
 
     res = []
     for case, sizes in [("16 images 448x448", [(1, 448, 448)] * 16), ("video 32x336x588", [(32, 336, 588)])]:
@@ -78,8 +78,8 @@ def bench_patchify(peak: float | None) -> list[Result]:
 
 
 def bench_patch_embed(peak: float | None) -> list[Result]:
-    from kernels import fused_patch_embed as pe
-    from kernels.dispatch import pack_frames
+    from mm_infer_kernels import fused_patch_embed as pe
+    from mm_infer_kernels.dispatch import pack_frames
 
     res, d = [], 1280
     for case, sizes in [("16 images 448x448", [(1, 448, 448)] * 16), ("video 32x336x588", [(32, 336, 588)])]:
@@ -96,7 +96,7 @@ def bench_patch_embed(peak: float | None) -> list[Result]:
 
 
 def bench_rope(peak: float | None) -> list[Result]:
-    from kernels import vision_rope as vr
+    from mm_infer_kernels import vision_rope as vr
 
     grid = [[1, 32, 32]] * 16  # 16384 patches
     cos, sin = vr.vision_rope_cos_sin(grid, 80, device="cuda")
@@ -110,7 +110,7 @@ def bench_rope(peak: float | None) -> list[Result]:
 
 
 def bench_patch_merge(peak: float | None) -> list[Result]:
-    from kernels import patch_merge as pm
+    from mm_infer_kernels import patch_merge as pm
 
     grid = [[1, 32, 32]] * 16
     x = torch.randn(16 * 1024, 1280, device="cuda", dtype=torch.bfloat16)
@@ -128,8 +128,8 @@ def bench_encoder(peak: float | None, depth: int) -> list[Result]:
     except ImportError as e:
         print(f"encoder: skipped ({e})")
         return []
-    from kernels import fused_patchify as pf
-    from kernels.dispatch import grid_thw, pack_frames
+    from mm_infer_kernels import fused_patchify as pf
+    from mm_infer_kernels.dispatch import grid_thw, pack_frames
 
     cfg = VisionConfig(kind="qwen2_vl", depth=depth, embed_dim=1280, num_heads=16, mlp_hidden=5120,
                        hidden_act="quick_gelu", out_dim=1536)
@@ -160,8 +160,8 @@ def _paged_case(seqs: int, ctx: int, hkv: int, d: int, block: int = 16):
 
 def bench_attention(peak: float | None) -> list[Result]:
     """Paged decode (one query per sequence) and prefill (chunks over cached prefixes), Qwen2.5-7B heads."""
-    from kernels import paged_decode as pd
-    from kernels import paged_prefill as pp
+    from mm_infer_kernels import paged_decode as pd
+    from mm_infer_kernels import paged_prefill as pp
 
     hq, hkv, d, block = 28, 4, 128, 16
     seqs, ctx = 64, 2048

@@ -18,8 +18,8 @@ HUGE_N_EXPECT: dict[str, str] = {"400": "logprob entries"}
 MAX_MODEL_LEN = 32768  # the hostile server's --max-model-len (the checkpoint's max_position_embeddings)
 NUM_KV_BLOCKS = 8192  # room for one huge-n request (64 x 1501 tokens) beside a long prompt and the normal mix
 # the grammar cache (256M by default) would fill over the whole run with schema_large's distinct grammars (~2-3 MB
-# each): at 32M it fills during warm-up, so the RSS check sees growth that no configured bound explains
-SERVER_FLAGS = ("--trust-request-chat-template", "--grammar-cache-bytes", "32M")
+# each): at 8M it fills during warm-up, so the RSS check sees growth that no configured bound explains
+SERVER_FLAGS = ("--trust-request-chat-template", "--grammar-cache-bytes", "8M")
 LONG_PROMPT_TOKENS = 16000  # prefill: 0.5-1 min on 2 busy CPU cores; --long-prompt-tokens changes it
 GENERATE, CHAT_RENDER = "/inference/v1/generate", "/v1/chat/completions/render"
 ROW_WIDTH = 3 * 2 * 14 * 14  # this checkpoint's patch rows: channels x temporal_patch_size x patch_size^2

@@ -14,11 +14,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start_serve(args: list[str], port: int, timeout_s: float = 180.0) -> tuple[subprocess.Popen, str]:
-    """Run `python -m servers.cli serve ARGS --port PORT` and return it with its base URL once healthy."""
+def start_serve(args: list[str], port: int, timeout_s: float = 180.0,
+                own_group: bool = False) -> tuple[subprocess.Popen, str]:
+    """Run `python -m servers.cli serve ARGS --port PORT` and return it with its base URL once healthy (own_group: in
+    a process group of its own, as a shell starts a job, so a test can signal the whole group)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "servers.cli", "serve", *args, "--port", str(port)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=own_group)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     try:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels import dispatch as K
+from mm_infer_kernels import dispatch as K
 from mm_infer.engine.batch_plan import BatchPlan
 from mm_infer.engine.paged_attention import KVCache
 from mm_infer.models.qwen2_vl import QwenVLModel

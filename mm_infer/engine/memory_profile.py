@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.geometry import PatchGeometry
+from mm_infer_kernels.geometry import PatchGeometry
 from mm_infer.config import EngineConfig
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.media.patchify import DEFAULT_SPEC

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels import dispatch as K
+from mm_infer_kernels import dispatch as K
 from mm_infer.engine.batch_plan import BatchPlan
 from mm_infer.engine.decode_graphs import DecodeGraphs
 from mm_infer.engine.encoder_cache import EncoderCache

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-import kernels.dispatch as K
+import mm_infer_kernels.dispatch as K
 from mm_infer.models.attention import causal_attention_batch
 
 # Decode keys are padded to a multiple of this (rounded up to whole blocks): the padded length is a function of
@@ -82,7 +82,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor) -> Te
 
 @dataclass
 class PrefillTables:
-    """Device metadata of the multi-token chunks for the paged prefill kernel (kernels/paged_prefill.py)."""
+    """Device metadata of the multi-token chunks for the paged prefill kernel (mm_infer_kernels/paged_prefill.py)."""
 
     tables: Tensor  # [C, blocks] int32 block tables
     q_starts: Tensor  # [C] long: each chunk's first row in the flat batch

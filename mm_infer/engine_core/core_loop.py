@@ -12,12 +12,14 @@ from typing import Any
 
 import torch
 
+from mm_infer.distributed.owned_child import ignore_group_signals
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.host_allocator import keep_step_memory
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sleep import sleep, wake_up
 from mm_infer.engine.weight_receiver import WeightReceiver
 from mm_infer.engine_core import wire
+from mm_infer.engine_core.heap_trim import IdleTrimmer
 
 STATS_INTERVAL_S = 0.1  # gauges reach the server at most this often while the engine is busy
 GRAMMAR_POLL_S = 0.005  # how often an idle loop looks for compiled grammars while requests wait for theirs
@@ -41,6 +43,7 @@ class CoreLoop:
         # deadline); each joins the engine once its grammar is ready, or fails alone
         self._awaiting: dict[str, tuple[Any, Any, Future[Any], float]] = {}
         self._stats_at = 0.0
+        self._trimmer = IdleTrimmer()
         self._calls: dict[str, Callable[..., Any]] = {
             "update_weights": engine.update_weights, "reset_caches": engine.reset_caches,
             "set_frozen": self._set_frozen, "sleep": lambda level: sleep(engine, level),
@@ -173,6 +176,7 @@ class CoreLoop:
         while self.running:
             busy = self._busy()
             if not busy and not self._awaiting:
+                self._trimmer.idle()  # freed heap back to the OS before the gauges settle
                 self.send(("stats", self.stats()))  # going idle: the gauges as they settle
             if self.conn.poll(0 if busy else GRAMMAR_POLL_S if self._awaiting else None):
                 self._drain()
@@ -194,6 +198,7 @@ class CoreLoop:
 
 def core_main(conn: Connection, model_dir: str, options: dict[str, Any]) -> None:
     """The core process's entry point: build the engine, say it is ready (or why it is not), serve."""
+    ignore_group_signals()
     keep_step_memory()
     try:
         engine = LLMEngine.from_options(model_dir, **options)

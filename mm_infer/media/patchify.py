@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.fused_patchify import patch_rows
-from kernels.geometry import (
+from mm_infer_kernels.fused_patchify import patch_rows
+from mm_infer_kernels.geometry import (
     CLIP_MEAN,
     CLIP_STD,
     NORM_BACKENDS,
@@ -48,11 +48,11 @@ class PatchSpec:
 
     @property
     def geometry(self) -> PatchGeometry:
-        """The kernels/ patch geometry of this spec."""
+        """The mm_infer_kernels/ patch geometry of this spec."""
         return PatchGeometry(self.patch_size, self.temporal_patch_size, self.merge_size)
 
     def normalizer(self, backend: Backend) -> Normalize:
-        """The kernels/ normalisation of this spec with `backend`'s float arithmetic."""
+        """The mm_infer_kernels/ normalisation of this spec with `backend`'s float arithmetic."""
         return Normalize(self.image_mean, self.image_std, backend, self.rescale_factor)
 
     @staticmethod

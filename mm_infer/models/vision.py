@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kernels import dispatch as K
+from mm_infer_kernels import dispatch as K
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.models.config import VisionConfig
 from mm_infer.models.half_linear import Linear

@@ -1,4 +1,4 @@
-"""Vision-tower attention helpers (per-frame segments); rope, patch embed and merge live in kernels/."""
+"""Vision-tower attention helpers (per-frame segments); rope, patch embed and merge live in mm_infer_kernels/."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from mm_infer.distributed.owned_child import ignore_group_signals
 from mm_infer.prompt.placeholders import PromptError
 
 _HEADER = 8  # bytes of big-endian length before each JSON message
@@ -108,6 +109,7 @@ def _render_job(job: Mapping[str, Any], cache: dict[str, Any]) -> dict[str, Any]
 
 def worker_main(memory_bytes: int) -> None:
     """Serve render jobs on stdin/stdout until stdin closes (or a job leaves the worker unfit to go on)."""
+    ignore_group_signals()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")  # the protocol's own; a stray print cannot corrupt it
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     stdin = sys.stdin.buffer

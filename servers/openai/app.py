@@ -67,8 +67,10 @@ def served_names(state: ServerState) -> tuple[str, ...]:
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    """vLLM's rule: a model name the server does not serve is a 404; none (missing or empty) means the first."""
-    if model and model not in served_names(state):
+    """vLLM's rule: a model name the server does not serve is a 404; none (missing or empty) means the first.
+    Without --served-model-name vLLM serves the model argument as given (a path), so that name is accepted too."""
+    unnamed_path = () if state.config.served_model_name else (state.config.model_dir,)
+    if model and model not in (*served_names(state), *unnamed_path):
         raise ApiError(404, f"The model `{model}` does not exist.", param="model", type="NotFoundError")
 
 

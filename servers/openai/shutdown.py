@@ -40,7 +40,11 @@ class DrainingServer(uvicorn.Server):
         timeout = self.state.config.shutdown_timeout_s
         log.warning("shutting down: admitting nothing, giving %d request(s) in flight up to %ss",
                     self.state.gate.num_inflight, timeout)
-        aborted = await self.state.gate.close(timeout, SHUTTING_DOWN)
-        if aborted:
-            log.warning("shutdown: %d request(s) still running after %ss ended with an error", aborted, timeout)
-        self.should_exit = True
+        try:
+            aborted = await self.state.gate.close(timeout, SHUTTING_DOWN)
+            if aborted:
+                log.warning("shutdown: %d request(s) still running after %ss ended with an error", aborted, timeout)
+        except Exception as exc:  # a dead engine must not keep the server up: it exits all the same
+            log.error("shutdown: draining failed (%s); exiting anyway", exc)
+        finally:
+            self.should_exit = True

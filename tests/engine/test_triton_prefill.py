@@ -55,7 +55,7 @@ def test_triton_prefill_gives_the_torch_tokens(monkeypatch: pytest.MonkeyPatch, 
 
 def test_the_kernel_runs_for_chunks_only_on_triton_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     # catches: the engine building kernel tables on the torch path (host work for nothing), or never on Triton
-    from kernels import dispatch
+    from mm_infer_kernels import dispatch
 
     calls: list[int] = []
     real = dispatch.paged_prefill

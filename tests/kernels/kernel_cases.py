@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels._frames import Normalize
+from mm_infer_kernels._frames import Normalize
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_GOLDEN = REPO.parent / "shared" / "golden" / "qwen2vl"
@@ -50,8 +50,8 @@ def golden_frames(name: str, kind: str, backend: str = "torchvision") -> tuple[t
 
 
 def dispatch_ops() -> dict[str, torch.Tensor]:
-    """One small input per op through kernels.dispatch (the torch references on CPU), results by name."""
-    from kernels import dispatch
+    """One small input per op through mm_infer_kernels.dispatch (the torch references on CPU), results by name."""
+    from mm_infer_kernels import dispatch
 
     g = torch.Generator().manual_seed(0)
     frames = torch.randint(0, 256, (3, 56, 28, 3), dtype=torch.uint8, generator=g)  # [T, H, W, 3]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_cases import frames_u8
 
-from kernels import dispatch
-from kernels import fused_patchify as pf
+from mm_infer_kernels import dispatch
+from mm_infer_kernels import fused_patchify as pf
 
 # Max abs difference between the triton and torch backends per op (patch_embed: relative to max |ref|).
 TOLERANCE = {"patchify": 0.0, "patch_embed_fp32": 5e-6, "vision_rope": 0.0, "patch_merge": 0.0}

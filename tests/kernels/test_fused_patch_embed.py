@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_cases import BATCH_CASE, FRAME_CASES, frames_u8, packed_with_gaps
 
-from kernels._frames import Normalize
-from kernels.fused_patch_embed import (
+from mm_infer_kernels._frames import Normalize
+from mm_infer_kernels.fused_patch_embed import (
     patch_embed_packed_reference,
     patch_embed_packed_triton,
     patch_embed_reference,
@@ -69,7 +69,7 @@ def test_pil_normalisation_and_channels_first(backend: str, device: torch.device
 
 def test_matches_hf_patch_embed(device: torch.device) -> None:
     hf = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl")
-    from kernels.fused_patchify import patchify_reference
+    from mm_infer_kernels.fused_patchify import patchify_reference
 
     frames = frames_u8(3, 56, 28).to(device)
     conv = hf.PatchEmbed(patch_size=14, temporal_patch_size=2, in_channels=3, embed_dim=24).to(device)

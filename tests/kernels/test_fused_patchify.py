@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import BATCH_CASE, FRAME_CASES, SHARED_GOLDEN, frames_u8, golden_frames, packed_with_gaps
 
-from kernels._frames import QWEN2_VL, Normalize, PatchGeometry
-from kernels.fused_patchify import (
+from mm_infer_kernels._frames import QWEN2_VL, Normalize, PatchGeometry
+from mm_infer_kernels.fused_patchify import (
     patchify_packed_reference,
     patchify_packed_triton,
     patchify_reference,

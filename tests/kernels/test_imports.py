@@ -1,4 +1,4 @@
-"""Importing kernels/ or the model needs no triton and leaves os.environ alone; the torch references still compute."""
+"""Importing mm_infer_kernels/ or the model needs no triton and leaves os.environ alone; the torch references still compute."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_cases import REPO, dispatch_ops
 
-from kernels import dispatch
+from mm_infer_kernels import dispatch
 
 NO_TRITON = """
 import sys
@@ -21,8 +21,8 @@ import torch
 from kernel_cases import dispatch_ops
 torch.save(dispatch_ops(), sys.argv[1])
 import mm_infer.models
-from kernels import dispatch
-from kernels.vision_rope import vision_rope_triton
+from mm_infer_kernels import dispatch
+from mm_infer_kernels.vision_rope import vision_rope_triton
 assert dispatch.select_backend(torch.zeros(1)) == "torch"
 q = torch.zeros(4, 1, 16)
 cos, sin = dispatch.vision_rope_cos_sin([[1, 2, 2]], 16)
@@ -43,9 +43,9 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_importing_the_model_leaves_the_environment_unchanged() -> None:
-    code = ("import os, sys; before = dict(os.environ); import mm_infer, mm_infer.models, kernels.dispatch; "
+    code = ("import os, sys; before = dict(os.environ); import mm_infer, mm_infer.models, mm_infer_kernels.dispatch; "
             "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items()); "
-            "assert 'kernels._jit' not in sys.modules, 'a @triton.jit module was imported'")
+            "assert 'mm_infer_kernels._jit' not in sys.modules, 'a @triton.jit module was imported'")
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
 
@@ -72,7 +72,7 @@ def test_forced_triton_without_triton_is_an_error(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.skipif(torch.cuda.is_available() or not dispatch._triton.available(),
                     reason="the interpreter is switched on lazily only on hosts without CUDA, with triton")
 def test_first_cpu_launch_turns_on_the_interpreter() -> None:
-    code = ("import os, torch; from kernels import dispatch; from kernels.vision_rope import vision_rope_triton\n"
+    code = ("import os, torch; from mm_infer_kernels import dispatch; from mm_infer_kernels.vision_rope import vision_rope_triton\n"
             "assert 'TRITON_INTERPRET' not in os.environ\n"
             "q = torch.randn(4, 2, 16); cos, sin = dispatch.vision_rope_cos_sin([[1, 2, 2]], 16)\n"
             "out = vision_rope_triton(q, q, cos, sin)\n"

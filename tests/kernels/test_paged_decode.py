@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_cases import paged_cache
 
-from kernels import paged_decode as pd
+from mm_infer_kernels import paged_decode as pd
 from mm_infer.models.attention import causal_attention
 
 BLOCK = 16

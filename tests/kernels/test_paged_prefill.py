@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_cases import paged_cache
 
-from kernels import paged_prefill as pp
+from mm_infer_kernels import paged_prefill as pp
 
 
 def case(device, ctx: list[int], new: list[int], hq: int = 6, hkv: int = 2, d: int = 16, block: int = 16,

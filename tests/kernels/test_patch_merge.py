@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import frames_u8
 
-from kernels._frames import Normalize
-from kernels.fused_patchify import patchify_reference
-from kernels.patch_merge import patch_merge_reference, patch_merge_triton
+from mm_infer_kernels._frames import Normalize
+from mm_infer_kernels.fused_patchify import patchify_reference
+from mm_infer_kernels.patch_merge import patch_merge_reference, patch_merge_triton
 
 # Max abs difference against the reference per dtype: a pure row copy, so exact for every dtype.
 TOLERANCE = {torch.float32: 0.0, torch.bfloat16: 0.0, torch.float16: 0.0, torch.int64: 0}

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.vision_rope import (
+from mm_infer_kernels.vision_rope import (
     vision_position_ids,
     vision_rope_cos_sin,
     vision_rope_reference,

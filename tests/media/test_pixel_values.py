@@ -13,7 +13,7 @@ import pytest
 import torch
 from media_paths import GOLDEN_IMAGE_KW, GOLDEN_INDEX, IMAGES
 
-from kernels.fused_patchify import patch_rows
+from mm_infer_kernels.fused_patchify import patch_rows
 from mm_infer.media import PackedTensor, preprocess_images
 from mm_infer.media.patchify import DEFAULT_SPEC, PatchSpec, rows_by_table
 

@@ -1,4 +1,4 @@
-"""The vision tower runs kernels/' ops: their torch references on CPU, and Triton (interpreter here) bit-equal."""
+"""The vision tower runs mm_infer_kernels/' ops: their torch references on CPU, and Triton (interpreter here) bit-equal."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 from model_cases import build_prompt
 
-from kernels import vision_rope as vr
+from mm_infer_kernels import vision_rope as vr
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """Count the calls the tower makes to kernels.vision_rope.<name> (dispatch looks it up per call)."""
+    """Count the calls the tower makes to mm_infer_kernels.vision_rope.<name> (dispatch looks it up per call)."""
     calls: list[int] = []
     real = getattr(vr, name)
     monkeypatch.setattr(vr, name, lambda *a: calls.append(1) or real(*a))

@@ -4,14 +4,11 @@ model with response_format has room to think; a prompt that closed its think blo
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
+from script_modules import load_script
 from server_cases import API_KEY, CKPT
 
 from servers.openai.config import ServerConfig
@@ -27,32 +24,10 @@ JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema"
 COMPACT = {"disable_any_whitespace": True}  # this untrained model would fill max_tokens with JSON whitespace
 
 
-def thinking_checkpoint(dst: Path) -> Path:
-    """The tiny checkpoint with Qwen3's reasoning tags added as two vocabulary tokens (not special: the text keeps
-    them, as Qwen3's tokenizer does); their embedding and lm_head rows are zero."""
-    shutil.copytree(CKPT, dst)
-    weights = load_file(dst / "model.safetensors")
-    for name in ("lm_head.weight", "model.embed_tokens.weight"):
-        weights[name] = torch.cat([weights[name], weights[name].new_zeros(2, weights[name].shape[1])])
-    save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((dst / "config.json").read_text())
-    config["vocab_size"] = END_THINK + 1
-    (dst / "config.json").write_text(json.dumps(config))
-    tok = json.loads((dst / "tokenizer.json").read_text())
-    tok_config = json.loads((dst / "tokenizer_config.json").read_text())
-    for tid, tag in ((THINK, "<think>"), (END_THINK, "</think>")):
-        entry = {"content": tag, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-                 "special": False}
-        tok["added_tokens"].append({"id": tid, **entry})
-        tok_config["added_tokens_decoder"][str(tid)] = entry
-    (dst / "tokenizer.json").write_text(json.dumps(tok))
-    (dst / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    return dst
-
-
 @pytest.fixture(scope="module")
 def http(tmp_path_factory) -> Iterator[httpx.Client]:
-    ckpt = thinking_checkpoint(tmp_path_factory.mktemp("thinking") / "tiny-thinking")
+    make = load_script("thinking_checkpoint").thinking_checkpoint
+    ckpt = make(CKPT, tmp_path_factory.mktemp("thinking") / "tiny-thinking")
     config = ServerConfig(model_dir=str(ckpt), port=free_port(), api_key=API_KEY, reasoning_parser="qwen3",
                           engine_options={"num_kv_blocks": 128, "max_model_len": 1024, "batch_invariant": True})
     with BackgroundServer(config) as srv, httpx.Client(base_url=srv.base_url, timeout=120,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
 
 import httpx
+import pytest
 from serve_process import start_serve
 from server_cases import CKPT
 
@@ -62,3 +64,33 @@ def test_sigterm_refuses_new_requests_lets_short_ones_finish_and_ends_long_strea
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode in (0, -signal.SIGTERM)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_whole_process_group_drains_and_exits(sig):
+    """Ctrl-C (SIGINT) and `kill -- -PGID` reach the engine core and the template workers too. Before, the core died
+    of it: the in-flight request was lost, the server restarted the core while shutting down, and never exited."""
+    proc, base = start_serve([str(CKPT), "--api-key", "k", "--shutdown-timeout", "20",
+                              "--trust-request-chat-template"], free_port(), timeout_s=120,
+                             own_group=True)
+    try:
+        template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # a request template: a worker is running
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "min_tokens": 40,
+                "temperature": 0, "chat_template": template}
+        assert httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=60).status_code == 200
+        events: list[str] = []
+        started = threading.Event()
+        in_flight = threading.Thread(target=_stream, args=(base, {"prompt": "a", "max_tokens": 60, "min_tokens": 60,
+                                                                  "temperature": 0}, events, started))
+        in_flight.start()
+        assert started.wait(60), "the stream never started"
+        os.killpg(proc.pid, sig)
+        in_flight.join(timeout=60)
+        assert events[-1] == "data: [DONE]" and '"finish_reason":"length"' in events[-2]  # it finished
+        proc.wait(timeout=40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = proc.stdout.read().decode()
+    assert "restart" not in log, log[-2000:]
+    assert proc.returncode in (0, -sig), log[-2000:]

@@ -127,7 +127,7 @@ def test_an_unknown_model_is_vllms_404(server, path, body):
                                   "param": "model", "code": 404}}
 
 
-@pytest.mark.parametrize("model", [CKPT.name, "m", "", None])
+@pytest.mark.parametrize("model", [CKPT.name, "m", "", None, str(CKPT)])  # str(CKPT): vLLM serves the path as given
 def test_served_names_and_no_name_are_accepted(server, model):
     body = {"prompt": "hi"} if model is None else {"prompt": "hi", "model": model}  # "m": conftest's alias
     assert post(server, "/tokenize", body).status_code == 200

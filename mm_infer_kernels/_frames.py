@@ -7,8 +7,8 @@ from typing import Literal
 
 import torch
 
-from kernels._items import exclusive_cumsum, sizes_list
-from kernels.geometry import CHANNELS, CLIP, QWEN2_VL, RESCALE, Normalize, PatchGeometry
+from mm_infer_kernels._items import exclusive_cumsum, sizes_list
+from mm_infer_kernels.geometry import CHANNELS, CLIP, QWEN2_VL, RESCALE, Normalize, PatchGeometry
 
 Sizes = Sequence[Sequence[int]] | torch.Tensor
 Offsets = Sequence[int] | torch.Tensor

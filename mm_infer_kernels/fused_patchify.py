@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import _triton
-from kernels._frames import (
+from mm_infer_kernels import _triton
+from mm_infer_kernels._frames import (
     CHANNELS,
     CLIP,
     QWEN2_VL,
@@ -20,7 +20,7 @@ from kernels._frames import (
     rescale_tensor,
     single_item,
 )
-from kernels._items import row_blocks
+from mm_infer_kernels._items import row_blocks
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import _triton
-from kernels._items import sizes_list
+from mm_infer_kernels import _triton
+from mm_infer_kernels._items import sizes_list
 
 QK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

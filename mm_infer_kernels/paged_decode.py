@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import _triton
+from mm_infer_kernels import _triton
 
 
 def check_decode_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,

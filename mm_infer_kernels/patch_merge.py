@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import _triton
-from kernels._items import exclusive_cumsum, row_blocks, sizes_list
+from mm_infer_kernels import _triton
+from mm_infer_kernels._items import exclusive_cumsum, row_blocks, sizes_list
 
 
 def merge_units(x: torch.Tensor, merge_size: int = 2) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""Lazy Triton access for kernels/: triton and the @triton.jit modules load on the first launch, never on import.
+"""Lazy Triton access for mm_infer_kernels/: triton and the @triton.jit modules load on the first launch, never on import.
 
-Importing kernels/ (or mm_infer) imports no triton and leaves os.environ alone. @triton.jit reads
+Importing mm_infer_kernels/ (or mm_infer) imports no triton and leaves os.environ alone. @triton.jit reads
 TRITON_INTERPRET when a kernel is decorated, and without CUDA Triton runs only in its interpreter; so
 `load` is where the flag is set: the first launch on CPU tensors, on a host without CUDA, sets
 TRITON_INTERPRET=1 just before the jit modules are imported. A value the caller set wins.
@@ -18,7 +18,7 @@ from types import ModuleType
 import torch
 
 ENV = "TRITON_INTERPRET"
-_JIT_ROOT = "kernels._jit"  # imported by every jit module: present once any kernel has been decorated
+_JIT_ROOT = "mm_infer_kernels._jit"  # imported by every jit module: present once any kernel has been decorated
 
 
 def interpreting() -> bool:
@@ -43,14 +43,14 @@ def cpu_ready() -> bool:
 
 
 def load(name: str, *tensors: torch.Tensor) -> ModuleType:
-    """The private jit module kernels.<name>, imported on first use for a launch on `tensors`."""
+    """The private jit module mm_infer_kernels.<name>, imported on first use for a launch on `tensors`."""
     if not available():
         raise RuntimeError("the Triton kernels need triton installed; the torch references do not")
     if any(t.device.type == "cpu" for t in tensors) and not interpreting():
         if not cpu_ready():
             raise RuntimeError(f"Triton launchers on CPU tensors need {ENV}=1 set before the first Triton launch")
         os.environ[ENV] = "1"
-    return importlib.import_module(f"kernels.{name}")
+    return importlib.import_module(f"{__package__}.{name}")
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,11 +1,11 @@
-"""@triton.jit kernel of fused_patchify.py (imported by its launcher through kernels._triton.load)."""
+"""@triton.jit kernel of fused_patchify.py (imported by its launcher through mm_infer_kernels._triton.load)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from kernels._jit import cast_out, gather_normalized, row_coords
+from mm_infer_kernels._jit import cast_out, gather_normalized, row_coords
 
 
 @triton.jit

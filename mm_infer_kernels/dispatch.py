@@ -1,8 +1,8 @@
-"""Public entry points for kernels/: Triton on CUDA tensors, torch reference elsewhere (MM_INFER_KERNELS forces).
+"""Public entry points for mm_infer_kernels/: Triton on CUDA tensors, torch reference elsewhere (MM_INFER_KERNELS forces).
 
 MM_INFER_KERNELS=triton|torch|auto (default auto) is read on every call; auto also needs triton installed.
 `triton` on CPU tensors runs the Triton interpreter (slow: for tests, not serving): the first Triton launch
-on a host without CUDA sets TRITON_INTERPRET=1 before triton is imported (kernels/_triton.py). Importing
+on a host without CUDA sets TRITON_INTERPRET=1 before triton is imported (mm_infer_kernels/_triton.py). Importing
 this module imports no triton and writes no environment variable.
 """
 
@@ -14,19 +14,19 @@ from typing import Literal
 
 import torch
 
-from kernels import _triton
-from kernels import fused_patch_embed as _pe
-from kernels import fused_patchify as _pf
-from kernels import paged_decode as _pd
-from kernels import paged_prefill as _pp
-from kernels import patch_merge as _pm
-from kernels import vision_rope as _vr
-from kernels._frames import CLIP, QWEN2_VL, Layout, Normalize, Offsets, PatchGeometry, Sizes, single_item
-from kernels._items import exclusive_cumsum, sizes_list
-from kernels._triton import interpreting
-from kernels.fused_patch_embed import patch_embed_rows  # rows @ W.T: torch (cuBLAS) on every device
-from kernels.patch_merge import merge_units  # a reshape on every device
-from kernels.vision_rope import vision_position_ids, vision_rope_cos_sin
+from mm_infer_kernels import _triton
+from mm_infer_kernels import fused_patch_embed as _pe
+from mm_infer_kernels import fused_patchify as _pf
+from mm_infer_kernels import paged_decode as _pd
+from mm_infer_kernels import paged_prefill as _pp
+from mm_infer_kernels import patch_merge as _pm
+from mm_infer_kernels import vision_rope as _vr
+from mm_infer_kernels._frames import CLIP, QWEN2_VL, Layout, Normalize, Offsets, PatchGeometry, Sizes, single_item
+from mm_infer_kernels._items import exclusive_cumsum, sizes_list
+from mm_infer_kernels._triton import interpreting
+from mm_infer_kernels.fused_patch_embed import patch_embed_rows  # rows @ W.T: torch (cuBLAS) on every device
+from mm_infer_kernels.patch_merge import merge_units  # a reshape on every device
+from mm_infer_kernels.vision_rope import vision_position_ids, vision_rope_cos_sin
 
 Backend = Literal["triton", "torch"]
 ENV = "MM_INFER_KERNELS"

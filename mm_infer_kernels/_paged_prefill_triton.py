@@ -1,4 +1,4 @@
-"""@triton.jit kernel of paged_prefill.py (imported by its launcher through kernels._triton.load)."""
+"""@triton.jit kernel of paged_prefill.py (imported by its launcher through mm_infer_kernels._triton.load)."""
 
 from __future__ import annotations
 

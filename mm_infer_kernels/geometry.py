@@ -1,4 +1,4 @@
-"""Qwen2-VL patch geometry and CLIP normalisation: the one definition kernels/ and mm_infer/media share."""
+"""Qwen2-VL patch geometry and CLIP normalisation: the one definition mm_infer_kernels/ and mm_infer/media share."""
 
 from __future__ import annotations
 

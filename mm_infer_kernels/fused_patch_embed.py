@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import _triton
-from kernels._frames import (
+from mm_infer_kernels import _triton
+from mm_infer_kernels._frames import (
     CHANNELS,
     CLIP,
     QWEN2_VL,
@@ -19,8 +19,8 @@ from kernels._frames import (
     rescale_tensor,
     single_item,
 )
-from kernels._items import row_blocks
-from kernels.fused_patchify import patchify_packed_reference, patchify_packed_triton, patchify_reference
+from mm_infer_kernels._items import row_blocks
+from mm_infer_kernels.fused_patchify import patchify_packed_reference, patchify_packed_triton, patchify_reference
 
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BLOCK_M = 64  # rows per tile; fixed because the host row-block table is built with it

@@ -1,11 +1,11 @@
-"""@triton.jit kernel of vision_rope.py (imported by its launcher through kernels._triton.load)."""
+"""@triton.jit kernel of vision_rope.py (imported by its launcher through mm_infer_kernels._triton.load)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from kernels._jit import cast_out
+from mm_infer_kernels._jit import cast_out
 
 
 @triton.jit

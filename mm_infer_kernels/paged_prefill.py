@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import _triton
+from mm_infer_kernels import _triton
 
 BLOCK_M = 16  # queries per program
 

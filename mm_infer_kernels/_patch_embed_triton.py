@@ -1,12 +1,12 @@
-"""@triton.jit kernel of fused_patch_embed.py (imported by its launcher through kernels._triton.load)."""
+"""@triton.jit kernel of fused_patch_embed.py (imported by its launcher through mm_infer_kernels._triton.load)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from kernels._jit import cast_out, gather_normalized, round_to_bf16_rne, row_coords
-from kernels._triton import interpreting
+from mm_infer_kernels._jit import cast_out, gather_normalized, round_to_bf16_rne, row_coords
+from mm_infer_kernels._triton import interpreting
 
 
 @triton.jit
