@@ -1,4 +1,4 @@
-"""@triton.jit helpers shared by the kernels; imported only through mm_infer_kernels._triton.load, never at package import."""
+"""@triton.jit helpers shared by the kernels; imported only through _triton.load, never at package import."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lazy Triton access for mm_infer_kernels/: triton and the @triton.jit modules load on the first launch, never on import.
+"""Lazy Triton access for the kernels: triton and the @triton.jit modules load on the first launch, never on import.
 
 Importing mm_infer_kernels/ (or mm_infer) imports no triton and leaves os.environ alone. @triton.jit reads
 TRITON_INTERPRET when a kernel is decorated, and without CUDA Triton runs only in its interpreter; so

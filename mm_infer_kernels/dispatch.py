@@ -1,4 +1,4 @@
-"""Public entry points for mm_infer_kernels/: Triton on CUDA tensors, torch reference elsewhere (MM_INFER_KERNELS forces).
+"""Public entry points for the kernels: Triton on CUDA tensors, torch reference elsewhere (MM_INFER_KERNELS forces).
 
 MM_INFER_KERNELS=triton|torch|auto (default auto) is read on every call; auto also needs triton installed.
 `triton` on CPU tensors runs the Triton interpreter (slow: for tests, not serving): the first Triton launch

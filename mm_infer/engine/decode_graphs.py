@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mm_infer_kernels import dispatch as K
 from mm_infer.engine.batch_plan import BatchPlan
 from mm_infer.engine.paged_attention import KVCache
 from mm_infer.models.qwen2_vl import QwenVLModel
+from mm_infer_kernels import dispatch as K
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mm_infer_kernels.geometry import PatchGeometry
 from mm_infer.config import EngineConfig
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.media.patchify import DEFAULT_SPEC
 from mm_infer.models.attention import DenseAttentionContext
 from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.sizes import format_size
+from mm_infer_kernels.geometry import PatchGeometry
 
 log = logging.getLogger(__name__)
 

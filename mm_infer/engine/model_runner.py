@@ -9,7 +9,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mm_infer_kernels import dispatch as K
 from mm_infer.engine.batch_plan import BatchPlan
 from mm_infer.engine.decode_graphs import DecodeGraphs
 from mm_infer.engine.encoder_cache import EncoderCache
@@ -23,6 +22,7 @@ from mm_infer.models.moe import SparseMoE
 from mm_infer.models.qwen2_vl import QwenVLModel
 from mm_infer.prompt.mrope import decode_positions
 from mm_infer.prompt.request import MediaItem, VLMRequest
+from mm_infer_kernels import dispatch as K
 
 # CPU GEMMs give row-invariant results only from this many rows up; pad smaller batches to it.
 MIN_ROWS = 16

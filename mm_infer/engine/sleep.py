@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from mm_infer.models import packed_weights
+
 if TYPE_CHECKING:
     from mm_infer.engine.engine import LLMEngine
 
@@ -134,6 +136,7 @@ def _discard_weights(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...],
     for name, p in model.named_parameters():
         shapes[name] = (tuple(p.shape), p.dtype)
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    packed_weights.forget()  # the prepacked copies of CPU half weights go with them
     _empty_device_cache(next(model.parameters()).device)
     return shapes
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from mm_infer.media.patchify import items_rows
 from mm_infer_kernels import dispatch as K
 from mm_infer_kernels.fused_patch_embed import patch_embed_rows, weight_matrix
 from mm_infer_kernels.geometry import Normalize, PatchGeometry
-from mm_infer.media.patchify import items_rows
 
 # CPU GEMMs give row-invariant results from this many rows up: patch-embed chunks of at least this many rows give
 # every row the bits of one matmul over the whole batch.

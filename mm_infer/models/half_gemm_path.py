@@ -1,11 +1,14 @@
-"""Which GEMM path half-type (bf16/fp16) weights take on this CPU: torch's own kernel or float32 tiles.
+"""Which GEMM path half-type (bf16/fp16) weights take on this CPU: oneDNN with prepacked weights, torch's own
+kernel, or float32 tiles.
 
 torch's CPU half GEMM is fast where the CPU computes in that type (oneDNN's AMX / AVX512-BF16 / AVX512-FP16
-kernels) and slow where it does not: there it converts the weight once per output row, so a 16-row decode step
+kernels), faster still with the weight reordered once instead of per call (packed_weights.py), and slow where the
+CPU has no half arithmetic: there it converts the weight once per output row, so a 16-row decode step
 costs about 16 GEMVs, and float32 tiles through sgemm (half_linear.py) read the weight once. The choice is made per
 dtype from the CPU's instruction sets, never from a timing at load: a timing is noisy, and a path picked by noise
 would change a run's bits from one process to the next. `scripts/bench_half_linear.py` times both paths on the CPU
-it runs on and prints the one chosen here. MM_INFER_HALF_GEMM=torch|tiles forces one path for every half dtype.
+it runs on and prints the one chosen here. MM_INFER_HALF_GEMM=packed|torch|tiles forces one path for every half
+dtype.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Literal
 
 import torch
 
-GemmPath = Literal["torch", "tiles"]
-PATHS: tuple[GemmPath, ...] = ("torch", "tiles")
+from mm_infer.models import packed_weights
+
+GemmPath = Literal["packed", "torch", "tiles"]
+PATHS: tuple[GemmPath, ...] = ("packed", "torch", "tiles")
 ENV = "MM_INFER_HALF_GEMM"
 
 
@@ -81,13 +86,15 @@ def _env_path() -> GemmPath | None:
     if value in ("", "auto"):
         return None
     if value not in PATHS:
-        raise ValueError(f"{ENV}={value!r}: expected auto, torch or tiles")
+        raise ValueError(f"{ENV}={value!r}: expected auto, packed, torch or tiles")
     return value  # type: ignore[return-value]
 
 
 @lru_cache(maxsize=8)
 def _auto_path(dtype: torch.dtype) -> GemmPath:
-    return "torch" if cpu_features().native(dtype) else "tiles"
+    if not cpu_features().native(dtype):
+        return "tiles"
+    return "packed" if packed_weights.available() else "torch"
 
 
 def half_gemm_path(dtype: torch.dtype) -> GemmPath:

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mm_infer.models.half_gemm_path import half_gemm_path, mv_for_single_rows
+from mm_infer.models import packed_weights
+from mm_infer.models.half_gemm_path import cpu_features, half_gemm_path, mv_for_single_rows
 
 HALF_TYPES = (torch.bfloat16, torch.float16)
 UPCAST_MIN_ROWS = 8  # below this torch's half GEMV is faster (scripts/bench_half_linear.py)
@@ -74,14 +75,36 @@ def single_row_mv(x: Tensor, weight: Tensor) -> bool:
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
+def packs(x: Tensor, weight: Tensor) -> bool:
+    """Whether linear(x, weight) may take oneDNN with the prepacked weight: inference on CPU in the weight's half
+    type, on a CPU whose path for it is "packed" (half_gemm_path) and that multiplies it natively (oneDNN refuses
+    half types elsewhere: a forced "packed" there stays on F.linear); rows of any count but a single mv row."""
+    return (weight.dtype in HALF_TYPES and weight.device.type == "cpu" and x.device.type == "cpu"
+            and x.dtype == weight.dtype and x.dim() >= 2 and weight.dim() == 2
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and half_gemm_path(weight.dtype) == "packed" and cpu_features().native(weight.dtype))
+
+
+def path_taken(x: Tensor, weight: Tensor) -> str:
+    """Which GEMM linear(x, weight) runs: "tiles", "mv", "packed" or "torch" (F.linear)."""
+    if upcasts(x, weight):
+        return "tiles"
+    if single_row_mv(x, weight):
+        return "mv"
+    return "packed" if packs(x, weight) else "torch"
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear, with half weights on the CPU going through float32 tiles at >= UPCAST_MIN_ROWS rows where the CPU's
-    half GEMM is slow."""
-    if upcasts(x, weight):
+    half GEMM is slow, and through oneDNN with a prepacked weight where it is native (packed_weights.py)."""
+    path = path_taken(x, weight)
+    if path == "tiles":
         return upcast_linear(x, weight, bias)
-    if single_row_mv(x, weight):
+    if path == "mv":
         out = torch.mv(weight, x.reshape(-1))  # [N]
         return (out if bias is None else out + bias).view(*x.shape[:-1], weight.shape[0])
+    if path == "packed" and (prepacked := packed_weights.packed(weight)) is not None:
+        return packed_weights.packed_linear(x, prepacked, bias)
     return F.linear(x, weight, bias)
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mm_infer_kernels import dispatch as K
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.models.config import VisionConfig
 from mm_infer.models.half_linear import Linear
 from mm_infer.models.layers import activation
 from mm_infer.models.vision_ops import cu_seqlens_from_grid, varlen_attention
+from mm_infer_kernels import dispatch as K
 
 
 def vision_cos_sin(cfg: VisionConfig, grid_thw: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:

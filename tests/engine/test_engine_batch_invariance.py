@@ -9,7 +9,7 @@ import torch
 from engine_cases import CKPT, MIXED, case
 
 from mm_infer import LLM, SamplingParams
-from mm_infer.models.half_gemm_path import forced_path
+from mm_infer.models.half_gemm_path import cpu_features, forced_path
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +63,15 @@ def test_n_samples_seeded_distinct_and_reproducible(cold_llm):
     assert [o.index for o in a.outputs] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("path", ["torch", "tiles"])
+@pytest.mark.parametrize("path", ["packed", "torch", "tiles"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_types_alone_equal_inside_batch(dtype, path):
     """Half types under batch_invariant, with each CPU GEMM path forced (models/half_gemm_path.py): every GEMM of a
     padded batch (>= 16 rows) takes the dtype's one path, and neither path's rows depend on the row count from 16
     up, so the guarantee holds on a CPU of either kind. A path switch inside a batch (say tiles from 32 rows, torch
     below) would change the logprobs of a request run alone against the same request among 32."""
+    if path == "packed" and not cpu_features().native(getattr(torch, dtype)):
+        pytest.skip(f"oneDNN packs {dtype} only on a CPU with native {dtype} arithmetic (this one: F.linear)")
     threads = torch.get_num_threads()
     with forced_path(path):
         llm = LLM(str(CKPT), dtype=dtype, batch_invariant=True, num_kv_blocks=512, enable_prefix_caching=False,

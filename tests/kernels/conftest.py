@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # importing mm_infer_kernels/ no longer sets it; @triton.jit reads it at the first launch
+if not torch.cuda.is_available():  # importing the kernels no longer sets it; @triton.jit reads it at the first launch
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]

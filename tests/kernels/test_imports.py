@@ -1,4 +1,4 @@
-"""Importing mm_infer_kernels/ or the model needs no triton and leaves os.environ alone; the torch references still compute."""
+"""Importing the kernels or the model needs no triton and leaves os.environ alone; the torch references compute."""
 
 from __future__ import annotations
 
@@ -72,7 +72,8 @@ def test_forced_triton_without_triton_is_an_error(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.skipif(torch.cuda.is_available() or not dispatch._triton.available(),
                     reason="the interpreter is switched on lazily only on hosts without CUDA, with triton")
 def test_first_cpu_launch_turns_on_the_interpreter() -> None:
-    code = ("import os, torch; from mm_infer_kernels import dispatch; from mm_infer_kernels.vision_rope import vision_rope_triton\n"
+    code = ("import os, torch; from mm_infer_kernels import dispatch; "
+            "from mm_infer_kernels.vision_rope import vision_rope_triton\n"
             "assert 'TRITON_INTERPRET' not in os.environ\n"
             "q = torch.randn(4, 2, 16); cos, sin = dispatch.vision_rope_cos_sin([[1, 2, 2]], 16)\n"
             "out = vision_rope_triton(q, q, cos, sin)\n"

@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_cases import paged_cache
 
-from mm_infer_kernels import paged_decode as pd
 from mm_infer.models.attention import causal_attention
+from mm_infer_kernels import paged_decode as pd
 
 BLOCK = 16
 

@@ -11,10 +11,10 @@ import torch
 from kernel_cases import REPO, frames_u8, packed_with_gaps
 from PIL import Image
 
+from mm_infer.media.patchify import PatchSpec, frames_to_rows
 from mm_infer_kernels import dispatch
 from mm_infer_kernels.fused_patch_embed import patch_embed_triton, patch_embed_two_pass_triton
 from mm_infer_kernels.fused_patchify import patchify_packed_triton, patchify_triton
-from mm_infer.media.patchify import PatchSpec, frames_to_rows
 
 CKPT = REPO / "assets" / "models" / "tiny-qwen3-vl"
 SPEC = PatchSpec.from_config(json.loads((CKPT / "preprocessor_config.json").read_text()))

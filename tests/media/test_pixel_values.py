@@ -13,9 +13,9 @@ import pytest
 import torch
 from media_paths import GOLDEN_IMAGE_KW, GOLDEN_INDEX, IMAGES
 
-from mm_infer_kernels.fused_patchify import patch_rows
 from mm_infer.media import PackedTensor, preprocess_images
 from mm_infer.media.patchify import DEFAULT_SPEC, PatchSpec, rows_by_table
+from mm_infer_kernels.fused_patchify import patch_rows
 
 QWEN3_SPEC = PatchSpec(patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
 

@@ -10,15 +10,17 @@ import pytest
 import torch
 
 from mm_infer.models import half_gemm_path as hgp
+from mm_infer.models import packed_weights
 from mm_infer.models.half_gemm_path import CpuFeatures, forced_path, half_gemm_path
 
 AVX2 = CpuFeatures("avx2 box", "AVX2", avx512_bf16=False, amx_bf16=False, avx512_fp16=False, amx_fp16=False)
 ZEN5 = CpuFeatures("zen 5", "AVX512", avx512_bf16=True, amx_bf16=False, avx512_fp16=False, amx_fp16=False)
 SPR = CpuFeatures("sapphire rapids", "AVX512", avx512_bf16=True, amx_bf16=True, avx512_fp16=True, amx_fp16=False)
+NATIVE = "packed" if packed_weights.available() else "torch"  # oneDNN's prepacked ops are in every CPU build of torch
 
 
-@pytest.mark.parametrize(("cpu", "bf16", "fp16"), [(AVX2, "tiles", "tiles"), (ZEN5, "torch", "tiles"),
-                                                   (SPR, "torch", "torch")])
+@pytest.mark.parametrize(("cpu", "bf16", "fp16"), [(AVX2, "tiles", "tiles"), (ZEN5, NATIVE, "tiles"),
+                                                   (SPR, NATIVE, NATIVE)])
 def test_auto_path_follows_native_half_arithmetic(monkeypatch, cpu, bf16, fp16):
     monkeypatch.setattr(hgp, "cpu_features", lambda: cpu)
     monkeypatch.setattr(hgp, "_env_path", lambda: None)
@@ -59,7 +61,7 @@ def test_single_row_dispatch_is_mv_with_float32_sums(monkeypatch):
 
 def test_forced_path_wins_and_is_undone():
     auto = half_gemm_path(torch.bfloat16)
-    for path in ("torch", "tiles"):
+    for path in ("packed", "torch", "tiles"):
         with forced_path(path):
             assert half_gemm_path(torch.bfloat16) == half_gemm_path(torch.float16) == path
     assert half_gemm_path(torch.bfloat16) == auto
@@ -76,6 +78,7 @@ def _probe(env_value: str) -> subprocess.CompletedProcess[str]:
 def test_environment_forces_the_path_in_a_new_process():
     assert _probe("tiles").stdout.strip() == "tiles"
     assert _probe("torch").stdout.strip() == "torch"
+    assert _probe("packed").stdout.strip() == "packed"
     bad = _probe("fastest")
     assert bad.returncode != 0 and "MM_INFER_HALF_GEMM='fastest'" in bad.stderr
 
@@ -83,7 +86,7 @@ def test_environment_forces_the_path_in_a_new_process():
 def test_describe_names_the_cpu_and_each_path():
     info = hgp.describe()
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert info["half_gemm_bf16"] in ("torch", "tiles") and info["half_gemm_fp16"] in ("torch", "tiles")
+    assert info["half_gemm_bf16"] in hgp.PATHS and info["half_gemm_fp16"] in hgp.PATHS
     assert info["cpu"]
 
 

@@ -107,3 +107,87 @@ def test_linear_module_keeps_names_and_dispatches(tiles_forced):
     x = torch.randn(32, 8).to(torch.bfloat16)
     with torch.inference_mode():
         assert torch.equal(layer(x), upcast_linear(x, layer.weight, layer.bias))
+
+
+def _native_or_skip(dtype: torch.dtype) -> None:
+    from mm_infer.models import packed_weights
+    from mm_infer.models.half_gemm_path import cpu_features
+
+    if not (packed_weights.available() and cpu_features().native(dtype)):
+        pytest.skip(f"oneDNN packs {dtype} only on a CPU with native {dtype} arithmetic")
+
+
+@pytest.fixture
+def packed_forced():
+    from mm_infer.models import packed_weights
+
+    packed_weights.forget()
+    with forced_path("packed"):
+        yield packed_weights
+    packed_weights.forget()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [2, 16, 100])
+def test_packed_path_is_onednn_with_one_reorder_and_torchs_maths(packed_forced, dtype, rows):
+    """The packed path takes oneDNN with a weight reordered once (the copy is reused), and its rows are torch's half
+    GEMM maths: float32 sums rounded once, within one rounding of the float64 reference."""
+    _native_or_skip(dtype)
+    x, w, b = _operands(dtype, rows=rows, k=96, n=200)
+    with torch.inference_mode():
+        out = linear(x.view(1, rows, 96), w, b)  # 3-D input, as the models call it
+        assert out.shape == (1, rows, 200) and packed_forced.held_bytes() == w.numel() * w.element_size()
+        first = packed_forced.packed(w)
+        linear(x, w, b)
+        assert packed_forced.packed(w) is first  # no second reorder
+    exact = _float64_rounded(x, w, b).view(1, rows, 200)
+    tol = 2 * torch.finfo(dtype).eps
+    torch.testing.assert_close(out, exact, rtol=tol, atol=tol)
+
+
+def test_packed_copy_follows_a_refit_and_a_swapped_storage(packed_forced):
+    """A stale copy would keep serving the old weights after a refit: an in-place write (version counter) and a new
+    storage (adopted pages, wake-up) both rebuild it."""
+    _native_or_skip(torch.bfloat16)
+    x, w, b = _operands(torch.bfloat16, rows=16, k=64, n=48)
+    layer = Linear(64, 48, bias=True).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        layer.bias.copy_(b)
+    with torch.inference_mode():
+        layer(x)
+        with torch.no_grad():
+            layer.weight.mul_(-2)  # a refit in place
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+        layer.weight.data = w.flip(0).contiguous()  # a swapped storage
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert packed_forced.held_bytes() == w.numel() * 2  # the stale copies were dropped, not kept beside
+
+
+def test_packed_budget_is_a_bound_and_forget_frees(monkeypatch, packed_forced):
+    """Past the byte budget a weight stays on F.linear (memory bounded by configuration); forget() drops copies,
+    and a weight that is freed takes its copy with it."""
+    _native_or_skip(torch.bfloat16)
+    x, w, b = _operands(torch.bfloat16, rows=16, k=64, n=48)
+    monkeypatch.setattr(packed_forced, "budget_bytes", lambda: w.numel() * 2)
+    other = w.flip(1).contiguous()
+    with torch.inference_mode():
+        linear(x, w, b)
+        assert packed_forced.packed(other) is None  # over the budget
+        assert torch.equal(linear(x, other, b), F.linear(x, other, b))
+        packed_forced.forget()
+        assert packed_forced.held_bytes() == 0
+        linear(x, other, b)
+        assert packed_forced.held_bytes() == w.numel() * 2
+        del other
+        assert packed_forced.held_bytes() == 0
+
+
+def test_packed_path_keeps_autograd_and_float32_on_torch(packed_forced):
+    x, w, b = _operands(torch.bfloat16, rows=16, k=8, n=8)
+    trained = w.clone().requires_grad_(True)
+    linear(x, trained).float().sum().backward()  # autograd: torch's op, gradients flow
+    assert trained.grad is not None
+    x32, w32 = x.float(), w.float()
+    assert torch.equal(linear(x32, w32), F.linear(x32, w32))
+    assert packed_forced.held_bytes() == 0

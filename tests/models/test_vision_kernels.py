@@ -1,4 +1,4 @@
-"""The vision tower runs mm_infer_kernels/' ops: their torch references on CPU, and Triton (interpreter here) bit-equal."""
+"""The vision tower runs the kernels' ops: their torch references on CPU, and Triton (interpreter here) bit-equal."""
 
 from __future__ import annotations
 
