@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -113,7 +112,7 @@ def print_report(outcomes: list[Outcome], limit: int = 200) -> None:
 
 @contextlib.contextmanager
 def our_server(ckpt: Path, args: list[str], timeout_s: float = 180) -> Iterator[str]:
-    from servers.openai.launch import free_port
+    from servers.openai.launch import free_port, wait_healthy
 
     port = free_port()
     cmd = [str(REPO / ".venv" / "bin" / "mm-infer"), "serve", str(ckpt), "--host", "127.0.0.1", "--port", str(port),
@@ -121,16 +120,12 @@ def our_server(ckpt: Path, args: list[str], timeout_s: float = 180) -> Iterator[
     log = open(Path(tempfile.gettempdir()) / f"diff_vllm_ours_{port}.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _healthy(base):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"our server did not come up: {' '.join(cmd)}")
-            time.sleep(0.5)
-        yield base
+        wait_healthy(proc, port, f"our server ({' '.join(cmd)}; log {log.name})", timeout_s)
+        yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -138,13 +133,6 @@ def our_server(ckpt: Path, args: list[str], timeout_s: float = 180) -> Iterator[
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
-
-
-def _healthy(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/health", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @contextlib.contextmanager

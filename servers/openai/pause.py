@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from mm_infer.engine_core.heap_trim import IdleTrimmer
 from mm_infer.serving import EngineBackend
 from servers.openai.replies import ApiError
 
@@ -38,6 +39,9 @@ class PauseGate:
         self.closed_reason: str | None = None  # set by close(): no request is admitted again
         self.refusing: str | None = None  # set by refuse(): requests get a 503 with it at once (a sleeping engine)
         self._pending: dict[str, str | None] = {}  # requests named but not admitted yet -> why they were aborted
+        # the server keeps up to 256 MiB of freed heap for its next burst (host_allocator.py): when the last request
+        # leaves, hand it back (at most once a second), so an idle server's RSS falls back as the engine core's does
+        self._trimmer = IdleTrimmer()
 
     @property
     def paused(self) -> bool:
@@ -69,6 +73,7 @@ class PauseGate:
         self._inflight.pop(ticket.request_id, None)
         if not self._inflight:
             self._idle.set()
+            self._trimmer.idle()
 
     async def pause(self, mode: PauseMode) -> int:
         """Stop admitting; then abort, await or freeze the in-flight requests. Returns how many there were."""

@@ -191,3 +191,27 @@ def test_a_client_that_gives_up_while_paused_costs_nothing(server):
     time.sleep(0.3)
     assert server.state.gate.num_inflight == 0 and not server.state.backend.core.groups
     assert server.state.metrics.running == 0
+
+
+def test_the_gate_hands_freed_heap_back_when_the_last_request_leaves():
+    """The server keeps freed heap for its next burst; once idle it trims (at most once a second), so its RSS after a
+    burst falls back instead of reading as a leak (scripts/soak.py checks the server's RSS growth)."""
+    import asyncio
+
+    from mm_infer.engine_core.heap_trim import IdleTrimmer
+    from servers.openai.pause import PauseGate
+
+    async def scenario() -> list[float]:
+        now, trims = [0.0], []
+        gate = PauseGate(engine=None)  # type: ignore[arg-type]  # admit/leave never touch the engine
+        gate._trimmer = IdleTrimmer(lambda: trims.append(now[0]), clock=lambda: now[0])
+        a, b = await gate.admit("a"), await gate.admit("b")
+        gate.leave(a)  # b still in flight: no trim
+        now[0] = 5.0
+        gate.leave(b)  # idle: trim
+        gate.leave(await gate.admit("c"))  # idle again within the second: no second walk of the heap
+        now[0] = 6.5
+        gate.leave(await gate.admit("d"))
+        return trims
+
+    assert asyncio.run(scenario()) == [5.0, 6.5]
