@@ -143,19 +143,33 @@ def _signature(event: Any) -> str:
     return json.dumps(skel(event), sort_keys=True) if event != "[DONE]" else "[DONE]"
 
 
-def event_sequence(events: tuple[Any, ...]) -> list[str]:
-    """Chunk shapes with consecutive repeats collapsed: how many tokens each chunk carried does not count."""
+def _without(event: dict[str, Any], ignored: frozenset[str]) -> dict[str, Any]:
+    """The event without the keys named in `ignored`: top-level names, or dotted paths one level down (usage.x)."""
+    out = {k: v for k, v in event.items() if k not in ignored}
+    for path in ignored:
+        head, _, tail = path.partition(".")
+        if tail and isinstance(out.get(head), dict):
+            out[head] = {k: v for k, v in out[head].items() if k != tail}
+    return out
+
+
+def event_sequence(events: tuple[Any, ...], ignored: frozenset[str] = frozenset()) -> list[str]:
+    """Chunk shapes with consecutive repeats collapsed: how many tokens each chunk carried does not count; top-level
+    keys in `ignored` (documented extensions) are left out."""
     seq: list[str] = []
     for event in events:
+        if isinstance(event, dict) and ignored:
+            event = _without(event, ignored)
         sig = _signature(event)
         if not seq or seq[-1] != sig:
             seq.append(sig)
     return seq
 
 
-def sse_diffs(ours: tuple[Any, ...], theirs: tuple[Any, ...], values: bool) -> list[Diff]:
+def sse_diffs(ours: tuple[Any, ...], theirs: tuple[Any, ...], values: bool,
+              ours_only: frozenset[str] = frozenset()) -> list[Diff]:
     out = tree_diffs(fold_stream(ours), fold_stream(theirs), values, "stream")
-    a, b = event_sequence(ours), event_sequence(theirs)
+    a, b = event_sequence(ours, ours_only), event_sequence(theirs)
     if a != b:
         i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         first_a, first_b = (a[i] if i < len(a) else "end"), (b[i] if i < len(b) else "end")
@@ -163,12 +177,13 @@ def sse_diffs(ours: tuple[Any, ...], theirs: tuple[Any, ...], values: bool) -> l
     return out
 
 
-def compare(ours: Reply, theirs: Reply, greedy: bool) -> list[Diff]:
-    """Everything that differs between two replies to one case (greedy: values too, not only shapes)."""
+def compare(ours: Reply, theirs: Reply, greedy: bool, ours_only: frozenset[str] = frozenset()) -> list[Diff]:
+    """Everything that differs between two replies to one case (greedy: values too, not only shapes); `ours_only`:
+    top-level keys of our stream chunks that are documented extensions, left out of the event shapes."""
     if ours.status != theirs.status:
         return [Diff("status", "status", str(ours.status), str(theirs.status))]
     if (ours.events is None) != (theirs.events is None):
         return [Diff("sse", "stream", str(ours.events is not None), str(theirs.events is not None))]
     if ours.events is not None and theirs.events is not None:
-        return sse_diffs(ours.events, theirs.events, greedy and ours.status == 200)
+        return sse_diffs(ours.events, theirs.events, greedy and ours.status == 200, ours_only)
     return tree_diffs(ours.body, theirs.body, greedy and ours.status == 200, "body")

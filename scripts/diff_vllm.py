@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from diff_allowlist import explained_by
+from diff_allowlist import EXTENSION_KEYS, explained_by
 from diff_cases import MEDIA, MODEL, REPO, Case, generate
 from diff_compare import Diff, Reply, compare
 from thinking_checkpoint import THINKING_TEMPLATE, thinking_checkpoint
@@ -85,7 +85,7 @@ def run_cases(ours: str, theirs: str, cases: list[Case], timeout_s: float = 300)
     outcomes = []
     with httpx.Client(timeout=timeout_s) as client:
         for case in cases:
-            diffs = compare(send(client, ours, case), send(client, theirs, case), case.greedy)
+            diffs = compare(send(client, ours, case), send(client, theirs, case), case.greedy, EXTENSION_KEYS)
             why = [(entry.reason if (entry := explained_by(case.name, d)) else "") for d in diffs]
             outcomes.append(Outcome(case.name, diffs, why))
     return outcomes

@@ -31,6 +31,7 @@ IGNORED_SWITCHES: tuple[tuple[str, str], ...] = (
     ("enable-request-id-headers", "headers only"),
     ("allow-credentials", "no CORS headers are sent"),
     ("enable-prompt-embeds", "a request with prompt_embeds is a 400"),
+    ("enable-prompt-tokens-details", "usage always carries prompt_tokens_details (cached_tokens)"),
 )
 # flags taking a value: names (aliases after the first), whether it takes a list, why it does not matter
 IGNORED_VALUES: tuple[tuple[tuple[str, ...], bool, str], ...] = (
@@ -106,7 +107,6 @@ RESTRICTED: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
 REFUSED_SWITCHES: tuple[tuple[str, str], ...] = (
     ("enable-lora", "no LoRA adapters"),
     ("return-tokens-as-token-ids", "a request asks for it with return_tokens_as_token_ids"),
-    ("enable-prompt-tokens-details", "usage carries no prompt_tokens_details"),
     ("enable-force-include-usage", "a stream carries usage when the request's stream_options ask"),
     ("exclude-tools-when-tool-choice-none", "tools always reach the template"),
     ("skip-tokenizer-init", "prompts and outputs are always (de)tokenized"),

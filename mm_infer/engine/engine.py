@@ -138,7 +138,8 @@ class LLMEngine:
         req = prompt if isinstance(prompt, VLMRequest) else self.prepare(prompt)
         if len(req.prompt_token_ids) >= self.runtime.max_model_len:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
-                              f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)")
+                              f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)",
+                              param="input_tokens")  # vLLM's name for it
         if grammar is COMPILE:
             grammar = self.compile_grammar(params)  # an invalid spec fails here, before anything is queued
         group = SequenceGroup(request_id, params, req, metrics=RequestMetrics(time.perf_counter()))

@@ -57,12 +57,13 @@ def _held_back(seq: Sequence) -> int:
 def _finish_text(seq: Sequence, decode: Decode) -> str:
     """The sample's whole text, decoded once when it ends (a stop string may already have fixed it). As vLLM, the
     token that ended it (EOS, a stop token id) is in its token ids but its text is not, unless
-    include_stop_str_in_output."""
+    include_stop_str_in_output; and a sample that ends inside a multi-byte character leaves that partial character
+    out (vLLM's detokenizer never emits a text ending in U+FFFD: it waits for bytes that never come)."""
     if seq.final_text is None:
         ids = seq.output_token_ids
         if seq.stop_terminated and not seq.params.include_stop_str_in_output:
             ids = ids[:-1]
-        seq.final_text = decode(ids, seq.params.skip_special_tokens)
+        seq.final_text = decode(ids, seq.params.skip_special_tokens).rstrip("\ufffd")
     return seq.final_text
 
 

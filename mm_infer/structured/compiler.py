@@ -106,8 +106,9 @@ class GrammarCompiler:
         try:
             if kind in ("json", "json_object"):  # json_object: any JSON object (vLLM's rule)
                 schema = {"type": "object"} if kind == "json_object" else value
+                compact = spec.disable_any_whitespace  # then no whitespace at all, as vLLM's grammar: "," and ":"
                 return c.compile_json_schema(schema if isinstance(schema, str) else json.dumps(schema),
-                                             any_whitespace=not spec.disable_any_whitespace)
+                                             any_whitespace=not compact, separators=(",", ":") if compact else None)
             if kind == "regex":
                 return c.compile_regex(value)
             if kind == "choice":

@@ -51,7 +51,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = validation_error(list(exc.errors()))
         log_error(request.method, request.url.path, err)
-        return error_response(err.status, err.message, err.param)
+        return error_response(err.status, err.message, err.param, err.type)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -28,6 +28,7 @@ from servers.openai.admission import (
 from servers.openai.json_out import compact, json_answer, sse
 from servers.openai.messages import parse_messages
 from servers.openai.outputs import (
+    CONTEXT_TOKENS,
     Delta,
     OutputStream,
     Parsed,
@@ -49,6 +50,7 @@ from servers.openai.protocol import (
     to_sampling_params,
 )
 from servers.openai.replies import (
+    SYSTEM_FINGERPRINT,
     ApiError,
     ChatChoice,
     ChatCompletionChunk,
@@ -256,6 +258,7 @@ class _Sent:
         self.opened = opened  # the prompt left a reasoning section open
         self.stream: OutputStream | None = None
         self.tokens = 0
+        self.last_ids: list[int] = []  # the last few sampled ids: they may complete a partial character's logprob token
         self.calls = 0
         self.done = False
 
@@ -280,35 +283,39 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
     logprobs = None
     if req.logprobs:
         logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
-                                                        req.return_tokens_as_token_ids))
+                                                        req.return_tokens_as_token_ids, sent.last_ids))
     sent.tokens += len(comp.token_ids)
+    sent.last_ids = [*sent.last_ids, *comp.token_ids][-CONTEXT_TOKENS:]
     sent.done = final
     reasoning = piece.reasoning if req.include_reasoning else ""
     delta = compact(content=piece.content or None, reasoning=reasoning or None, reasoning_content=reasoning or None,
-                    tool_calls=deltas or None)
+                    tool_calls=deltas or None) or ({} if sent.stream is not None else {"content": ""})  # vLLM: ""
     ending = {"stop_reason": comp.stop_reason} if final else {}  # vLLM sets it (maybe null) on the last chunk only
     return {"index": comp.index, "delta": delta, "logprobs": logprobs,
             "finish_reason": _finish(comp, sent.calls > 0) if final else None, **ending,
-            **compact(token_ids=list(comp.token_ids) if req.return_token_ids else None)}
+            "token_ids": list(comp.token_ids) if req.return_token_ids else None}  # vLLM: the key always, maybe null
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
                   created: int, media: list[PromptMediaOut] | None) -> AsyncIterator[bytes | str]:
     """The role chunk of each choice, then one chunk per choice per output (vLLM and OpenAI: one choice a chunk),
     then the usage chunk when asked."""
-    def chunk(choice: dict[str, Any], out: RequestOutput | None, **extra: Any) -> bytes:
+    def chunk(choice: dict[str, Any], out: RequestOutput | None, head: dict[str, Any] | None = None,
+              **extra: Any) -> bytes:
         return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.config.model_name,
-                    "choices": [choice], **compact(**extra, weight_version=output_version(state, out))})
+                    "choices": [choice], **(head or {}), **compact(**extra, weight_version=output_version(state, out))})
 
     assert gen.first is not None
     sent = [_Sent(prompt_opens_reasoning(state, req, gen.first.prompt_token_ids)) for _ in range(req.n)]
+    # vLLM sends system_fingerprint on a choice's last chunk, or on the usage chunk when one is asked for
+    usage_asked = req.stream_options is not None and bool(req.stream_options.include_usage)
     so_far = running_usage(req.stream_options, len(gen.first.prompt_token_ids))
     for i in range(req.n):
         role = {"index": i, "delta": {"role": "assistant", "content": echo_text(req)}, "logprobs": None,
                 "finish_reason": None}
-        yield chunk(role, None, usage=so_far(0),
-                    prompt_token_ids=list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None,
-                    prompt_media=media if req.return_token_ids and i == 0 else None)
+        ids = list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None
+        yield chunk(role, None, {"prompt_token_ids": ids, "prompt_text": None},  # vLLM: both keys, maybe null
+                    usage=so_far(0), prompt_media=media if req.return_token_ids and i == 0 else None)
 
     def event(_: int, out: RequestOutput) -> bytes | None:
         events = []
@@ -316,7 +323,8 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
             if sent[c.index].done or not (c.token_ids or c.text or c.finish_reason):
                 continue
             choice = _delta(state, req, c, sent[c.index])
-            events.append(chunk(choice, out, usage=so_far(sum(s.tokens for s in sent))))
+            ending = {"system_fingerprint": SYSTEM_FINGERPRINT} if choice["finish_reason"] and not usage_asked else None
+            events.append(chunk(choice, out, ending, usage=so_far(sum(s.tokens for s in sent))))
         return b"".join(events) or None
 
     def usage_chunk(total: Usage) -> bytes | str:
@@ -324,6 +332,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         parts = [(c, sent[c.index].span()) for c in whole.outputs] if whole is not None else []
         return sse(ChatCompletionChunk(id=rid, created=created, model=state.config.model_name, choices=[],
                                        usage=reasoning_usage(state, req, total, parts),
+                                       system_fingerprint=SYSTEM_FINGERPRINT,
                                        weight_version=output_version(state, whole)))
 
     async for text in generation_events(gen, event, usage_chunk, req.stream_options):

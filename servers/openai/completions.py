@@ -27,7 +27,14 @@ from servers.openai.outputs import (
 )
 from servers.openai.prompt_limits import truncate_ids, truncation_length
 from servers.openai.protocol import CompletionRequest, to_sampling_params
-from servers.openai.replies import ApiError, CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
+from servers.openai.replies import (
+    SYSTEM_FINGERPRINT,
+    ApiError,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    Usage,
+)
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,
@@ -43,6 +50,8 @@ from servers.openai.streaming import (
 def split_prompts(req: CompletionRequest) -> list[str | list[int]]:
     """The request's prompts: one text, one id list, or a batch of either."""
     raw = req.prompt
+    if raw is None:
+        raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
     if isinstance(raw, str):
         prompts: list[str | list[int]] = [raw]
     elif raw and all(isinstance(x, int) for x in raw):
@@ -105,12 +114,12 @@ def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, bas
 def _delta(state: ServerState, req: CompletionRequest, out: RequestOutput, c: CompletionOutput, index: int,
            echo: str | None, at: int, first: bool) -> dict[str, Any]:
     """A chunk choice from one DELTA output of one sample (the first one echoes the prompt, when asked, and carries
-    the prompt's ids with return_token_ids, as vLLM's): CompletionChoice's SSE encoding, built directly (this runs
-    once per token). `logprobs`, `finish_reason` and `stop_reason` are always there (null when empty)."""
+    the prompt's ids with return_token_ids or echo, as vLLM's): CompletionChoice's SSE encoding, built directly (this
+    runs once per token). Every key is always there (null when empty), as in vLLM's chunks."""
     return {"index": index, "text": (echo or "") + c.text, "logprobs": _logprobs(state, req, out, c, echo, at),
-            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-            **compact(token_ids=list(c.token_ids) if req.return_token_ids else None,
-                      prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids and first else None)}
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,  # vLLM: every key, maybe null
+            "prompt_token_ids": list(out.prompt_token_ids) if (req.return_token_ids or echo is not None) and first
+            else None, "token_ids": list(c.token_ids) if req.return_token_ids else None}
 
 
 async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generation], rid: str, created: int,
@@ -120,8 +129,10 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
         return {"id": rid, "created": created, "model": state.config.model_name,
                 "weight_version": output_version(state, out)}
 
-    chars: dict[int, int] = {}  # characters each choice has streamed (its next text offset)
+    chars: dict[int, int] = {}  # each choice's next text offset
     generated = [0] * len(gens)
+    # vLLM sends system_fingerprint on a choice's last chunk, or on the usage chunk when one is asked for
+    usage_asked = req.stream_options is not None and bool(req.stream_options.include_usage)
 
     def event(i: int, out: RequestOutput) -> bytes | None:
         events = []
@@ -135,10 +146,12 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
             if not carries and not (c.token_ids or c.text or c.finish_reason):
                 continue
             choice = _delta(state, req, out, c, index, echo, chars.get(index, 0), first)
-            chars[index] = chars.get(index, 0) + len(choice["text"])
+            chars[index] = _next_offset(choice, chars.get(index, 0))
+            ending = SYSTEM_FINGERPRINT if choice["finish_reason"] and not usage_asked else None
             events.append(sse({"id": rid, "object": "text_completion", "created": created,
                                "model": state.config.model_name, "choices": [choice],
-                               **compact(usage=so_far, weight_version=output_version(state, out))}))
+                               **compact(usage=so_far, weight_version=output_version(state, out),
+                                         system_fingerprint=ending)}))
         return b"".join(events) or None
 
     def tail() -> bytes | None:
@@ -154,6 +167,15 @@ async def _stream(state: ServerState, req: CompletionRequest, gens: list[Generat
 
     async for text in sse_events(merge_streams(gens), event, close, tail):
         yield text
+
+
+def _next_offset(choice: dict[str, Any], at: int) -> int:
+    """The text offset after a chunk: vLLM's (the last token's offset plus its logprob string, so a partial
+    character's "" adds nothing), or the text streamed so far without logprobs."""
+    lp = choice["logprobs"]
+    if lp is not None and lp.tokens:
+        return lp.text_offset[-1] + len(lp.tokens[-1])
+    return at + len(choice["text"])
 
 
 def _sum(totals: list[Usage]) -> Usage:

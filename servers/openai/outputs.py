@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import uuid
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,50 +296,89 @@ def json_logprobs(lps: list[float]) -> list[float]:
     return [lp if math.isfinite(lp) else LOGPROB_FLOOR for lp in lps]
 
 
-def token_str(tokenizer: Any, token_id: int, as_id: bool) -> str:
-    """A token as logprobs show it: its text, or `token_id:N` (vLLM's return_tokens_as_token_ids)."""
-    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id], skip_special_tokens=False)
+PARTIAL = "\ufffd"  # what a decode shows for an incomplete UTF-8 sequence
+CONTEXT_TOKENS = 4  # preceding sampled tokens tried to complete a partial character (vLLM's bound)
 
 
-def _top(tokenizer: Any, alts: dict[int, float] | None, k: int, as_ids: bool) -> list[tuple[str, float]]:
+def _completed(tokenizer: Any, token_id: int, context: Sequence[int]) -> str:
+    """vLLM's text for a token whose own decode ends in a partial character: the character(s) it completes with up
+    to 4 preceding sampled tokens (less what those tokens showed themselves), or "" when none completes it."""
+    for n in range(1, min(len(context), CONTEXT_TOKENS) + 1):
+        ctx = list(context[-n:])
+        full = tokenizer.decode(ctx + [token_id], skip_special_tokens=False)
+        if full.endswith(PARTIAL):
+            continue
+        clean_end = len(ctx)  # context tokens that were partial themselves gave "": their bytes are this token's
+        while clean_end > 0 and tokenizer.decode([ctx[clean_end - 1]], skip_special_tokens=False).endswith(PARTIAL):
+            clean_end -= 1
+        clean = tokenizer.decode(ctx[:clean_end], skip_special_tokens=False) if clean_end else ""
+        return full[len(os.path.commonprefix([clean, full])):]
+    return ""
+
+
+def token_str(tokenizer: Any, token_id: int, as_id: bool, context: Sequence[int] = ()) -> str:
+    """A token as logprobs show it: its text, or `token_id:N` (vLLM's return_tokens_as_token_ids). A token that
+    ends in a partial UTF-8 character shows what vLLM shows (`_completed`, with the sampled tokens before it)."""
+    if as_id:
+        return f"token_id:{token_id}"
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    return _completed(tokenizer, token_id, context) if text.endswith(PARTIAL) else text
+
+
+def _top(tokenizer: Any, alts: dict[int, float] | None, k: int, as_ids: bool,
+         context: Sequence[int] = ()) -> list[tuple[str, float]]:
     ranked = sorted((alts or {}).items(), key=lambda kv: -kv[1])[:k]
-    return [(token_str(tokenizer, t, as_ids), json_logprob(lp)) for t, lp in ranked]
+    return [(token_str(tokenizer, t, as_ids, context), json_logprob(lp)) for t, lp in ranked]
 
 
-def chat_logprobs(tokenizer: Any, comp: CompletionOutput, start: int, k: int, as_ids: bool) -> list[TokenLogprob]:
-    """OpenAI chat `logprobs.content` for tokens [start:] of one sample."""
+def _utf8(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace"))
+
+
+def chat_logprobs(tokenizer: Any, comp: CompletionOutput, start: int, k: int, as_ids: bool,
+                  before: Sequence[int] = ()) -> list[TokenLogprob]:
+    """OpenAI chat `logprobs.content` for tokens [start:] of one sample (`before`: the sampled tokens ahead of the
+    first, in a stream's earlier chunks)."""
     out = []
+    ids = [*before[-CONTEXT_TOKENS:], *comp.token_ids]
+    shift = len(ids) - len(comp.token_ids)
     for i in range(start, len(comp.token_ids)):
-        token = token_str(tokenizer, comp.token_ids[i], as_ids)
+        context = ids[max(0, shift + i - CONTEXT_TOKENS):shift + i]
+        token = token_str(tokenizer, comp.token_ids[i], as_ids, context)
         alts = comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None
-        out.append(TokenLogprob(token=token, logprob=json_logprob(comp.logprobs[i]), bytes=list(token.encode("utf-8")),
-                                top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=list(t.encode("utf-8")))
-                                              for t, lp in _top(tokenizer, alts, k, as_ids)]))
+        out.append(TokenLogprob(token=token, logprob=json_logprob(comp.logprobs[i]), bytes=_utf8(token),
+                                top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=_utf8(t))
+                                              for t, lp in _top(tokenizer, alts, k, as_ids, context)]))
     return out
 
 
 def _with_sampled(tokenizer: Any, token: int, lp: float | None, alts: dict[int, float] | None, k: int,
-                  as_ids: bool) -> dict[str, float] | None:
+                  as_ids: bool, context: Sequence[int]) -> dict[str, float] | None:
     """vLLM's legacy top_logprobs entry: the chosen token first, then the top k (k = 0: the chosen token alone)."""
     if lp is None:
         return None
-    top = {token_str(tokenizer, token, as_ids): json_logprob(lp)}
-    for t, alt in _top(tokenizer, alts, k, as_ids):
+    top = {token_str(tokenizer, token, as_ids, context): json_logprob(lp)}
+    for t, alt in _top(tokenizer, alts, k, as_ids, context):
         top.setdefault(t, alt)
     return top
 
 
 def legacy_logprobs(tokenizer: Any, ids: list[int], lps: list[float | None], alts: list[dict[int, float] | None],
-                    k: int, as_ids: bool, at: int = 0) -> CompletionLogprobs:
-    """Legacy text-completion logprobs of `ids`: tokens, token_logprobs, top_logprobs, text_offset from `at`."""
-    tokens = [token_str(tokenizer, t, as_ids) for t in ids]
+                    k: int, as_ids: bool, at: int = 0, before: Sequence[int] = ()) -> CompletionLogprobs:
+    """Legacy text-completion logprobs of `ids`: tokens, token_logprobs, top_logprobs, text_offset from `at`
+    (`before`: the sampled tokens ahead of ids[0], which may complete its partial character)."""
+    seq = [*before[-CONTEXT_TOKENS:], *ids]
+    head = len(seq) - len(ids)
+    contexts = [seq[max(0, head + i - CONTEXT_TOKENS):head + i] for i in range(len(ids))]
+    tokens = [token_str(tokenizer, t, as_ids, ctx) for t, ctx in zip(ids, contexts, strict=True)]
     offsets = []
     for token in tokens:
         offsets.append(at)
         at += len(token)
     return CompletionLogprobs(
         tokens=tokens, token_logprobs=[None if lp is None else json_logprob(lp) for lp in lps], text_offset=offsets,
-        top_logprobs=[_with_sampled(tokenizer, t, lp, a, k, as_ids) for t, lp, a in zip(ids, lps, alts, strict=True)])
+        top_logprobs=[_with_sampled(tokenizer, t, lp, a, k, as_ids, ctx)
+                      for t, lp, a, ctx in zip(ids, lps, alts, contexts, strict=True)])
 
 
 def completion_logprobs(tokenizer: Any, comp: CompletionOutput, k: int, as_ids: bool, start: int = 0,
@@ -346,7 +386,8 @@ def completion_logprobs(tokenizer: Any, comp: CompletionOutput, k: int, as_ids: 
     """Legacy logprobs of generated tokens [start:], text offsets counted from `at`."""
     n = len(comp.token_ids)
     alts = [comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None for i in range(start, n)]
-    return legacy_logprobs(tokenizer, comp.token_ids[start:], list(comp.logprobs[start:]), alts, k, as_ids, at)
+    return legacy_logprobs(tokenizer, comp.token_ids[start:], list(comp.logprobs[start:]), alts, k, as_ids, at,
+                           comp.token_ids[:start])
 
 
 def echo_logprobs(tokenizer: Any, out: RequestOutput, k: int, as_ids: bool) -> CompletionLogprobs:

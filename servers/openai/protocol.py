@@ -175,10 +175,13 @@ class ChatCompletionRequest(SamplingFields, VllmChatFields, OpenAIChatFields):
     continue_final_message: bool = False
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, Any] | None = None  # vLLM's: {"video": {"fps": F} or {"num_frames": N}}
+    best_of: int | None = None  # vLLM takes (and ignores) it here too; 1 is one sample, more is refused by name
 
 
 class CompletionRequest(SamplingFields, VllmCompletionFields):
-    prompt: str | list[int] | list[str | list[int]]
+    NULL_IS_DEFAULT = SamplingFields.NULL_IS_DEFAULT | {"max_tokens"}  # vLLM: a null max_tokens is 16 here too
+
+    prompt: str | list[int] | list[str | list[int]] | None = None  # none: a 400 naming it (vLLM's own check)
     max_tokens: int | None = Field(default=16, ge=0, le=INT64_MAX)  # OpenAI's completions default; 0 with echo only
     logprobs: int | None = Field(default=None, ge=0, le=20)
     add_special_tokens: bool = True
@@ -290,8 +293,9 @@ def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str,
     check_vllm_fields(req)
     if isinstance(req, ChatCompletionRequest):
         check_openai_fields(req)
-    else:
-        check_best_of(getattr(req, "best_of", None))
+    check_best_of(req.best_of)  # type: ignore[attr-defined]  # both request kinds have it
+    if req.stream_options is not None and not req.stream:  # vLLM's rule
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
     check_prompt_logprobs(req.prompt_logprobs, req.stream)
     check_stops(req.stop)
     check_logit_bias(req.logit_bias)
@@ -299,9 +303,10 @@ def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str,
     if bad_stop:
         raise ApiError(400, f"stop_token_ids {bad_stop} are not token ids in [0, {vocab_size})",
                        param="stop_token_ids")
+    temperature = sampling_value("temperature", req.temperature, defaults)
     try:
         return SamplingParams(
-            n=req.n, temperature=sampling_value("temperature", req.temperature, defaults),
+            n=req.n, temperature=temperature,
             top_p=sampling_value("top_p", req.top_p, defaults),
             top_k=top_k_within(sampling_value("top_k", req.top_k, defaults), vocab_size),
             min_p=sampling_value("min_p", req.min_p, defaults), seed=req.seed, max_tokens=_max_tokens(req, defaults),

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+
+from mm_infer import __version__
+
+SYSTEM_FINGERPRINT = f"mm-infer-{__version__}"  # vLLM's is "vllm-<version>-<config hash>"; a string either way
 
 
 class TopLogprob(BaseModel):
@@ -40,12 +46,23 @@ class ToolCallDelta(ToolCallOut):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    refusal: str | None = None  # OpenAI's message fields vLLM sends as null
+    annotations: Any = None
+    audio: Any = None
+    function_call: Any = None
     reasoning: str | None = None  # vLLM's current name
     reasoning_content: str | None = None  # its deprecated alias (same text)
-    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)  # left out when empty, as vLLM does
     prompt_token_ids: list[int] | None = None
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if not out.get("tool_calls"):
+            out.pop("tool_calls", None)
+        return out
 
 
 class Usage(BaseModel):
@@ -63,6 +80,7 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+    routed_experts: str | None = None  # vLLM's R3 field (null: routing is not returned)
 
 
 class PromptMediaOut(BaseModel):
@@ -88,10 +106,16 @@ class ChatCompletionResponse(BaseModel):
     created: int
     model: str
     choices: list[ChatChoice]
+    service_tier: str | None = None
+    system_fingerprint: str | None = SYSTEM_FINGERPRINT
     usage: Usage
-    prompt_token_ids: list[int] | None = None
-    prompt_media: list[PromptMediaOut] | None = None
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    prompt_token_ids: list[int] | None = None
+    prompt_text: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    prompt_media: list[PromptMediaOut] | None = None
     weight_version: int | None = None
 
 
@@ -119,6 +143,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None  # set on the usage chunk (SSE chunks leave nulls out)
     prompt_token_ids: list[int] | None = None
     prompt_media: list[PromptMediaOut] | None = None
     weight_version: int | None = None
@@ -140,6 +165,7 @@ class CompletionChoice(BaseModel):
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    routed_experts: str | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -148,8 +174,29 @@ class CompletionResponse(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
+    service_tier: str | None = None
+    system_fingerprint: str | None = SYSTEM_FINGERPRINT
     usage: Usage | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
     weight_version: int | None = None
+
+
+class ModelPermission(BaseModel):
+    """OpenAI's legacy permission entry, as vLLM fills it."""
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
 
 
 class ModelCard(BaseModel):
@@ -158,7 +205,9 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "mm-infer"
     root: str
+    parent: str | None = None
     max_model_len: int
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
     weight_version: int
 
 
@@ -216,9 +265,10 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "request_too_large", 415: "unsupported_media_type",
-          500: "internal_server_error", 503: "service_unavailable"}
+# vLLM 0.32's error types (serve/exception_handling/error_response.py) where it has them, OpenAI-style elsewhere
+_TYPES = {400: "BadRequestError", 401: "authentication_error", 403: "permission_error",
+          404: "NotFoundError", 413: "request_too_large", 415: "unsupported_media_type",
+          500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 class ApiError(Exception):
@@ -230,13 +280,13 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.param = param
-        self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.type = type or _TYPES.get(status, "BadRequestError")
         self.extra = extra  # top-level keys beside "error" (an aborted request's partial output)
 
 
 def error_body(status: int, message: str, param: str | None = None, type: str | None = None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    info = ErrorInfo(message=message, type=type or _TYPES.get(status, "invalid_request_error"), param=param,
+    info = ErrorInfo(message=message, type=type or _TYPES.get(status, "BadRequestError"), param=param,
                      code=status)
     return {**ErrorResponse(error=info).model_dump(), **(extra or {})}
 
@@ -269,4 +319,8 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
     detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'request body'}: "
                        f"{e.get('msg')}" for e in errors[:5])
+    kind = str(first.get("type", ""))
+    if kind == "missing" or kind.endswith("_type"):  # a missing field or a wrong JSON type: vLLM leaves these to
+        # FastAPI's validation, answered with type "Bad Request" and the location as "body.<field>"
+        return ApiError(400, f"invalid request: {detail}", param=f"body.{loc}" if loc else None, type="Bad Request")
     return ApiError(400, f"invalid request: {detail}", param=loc or None)
