@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mm_infer.prompt.content_format import text_parts_joined
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.tokenizer import Tokenizer
 
@@ -112,7 +113,8 @@ class ChatRenderer:
         _check_options(messages, add_generation_prompt, continue_final_message, kwargs)
         if chat_template is not None:
             kwargs["chat_template"] = chat_template
-        messages = developer_as_system(messages, kwargs.get("chat_template") or self.tokenizer_template())
+        template = kwargs.get("chat_template") or self.tokenizer_template()
+        messages = text_parts_joined(developer_as_system(messages, template), template)
         if self.has_template or kwargs.get("chat_template") is not None:
             if tools:
                 kwargs["tools"] = tools

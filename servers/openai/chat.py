@@ -13,6 +13,7 @@ from fastapi import Request
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt import replace_prefix_tokens
+from mm_infer.prompt.content_format import text_parts_joined
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.templating import developer_as_system
 from servers.openai.admission import (
@@ -91,7 +92,8 @@ async def render_chat_text(state: ServerState, messages: list[dict[str, Any]], *
         text = await asyncio.to_thread(renderer.render_text, messages, chat_template=own, max_chars=cap, **options)
         param = "messages"
     else:
-        messages = developer_as_system(messages, chat_template)  # as the in-process renderer does (vLLM's rule)
+        messages = text_parts_joined(developer_as_system(messages, chat_template), chat_template)  # as the
+        # in-process renderer does (vLLM's rules)
         context = renderer.template_context(messages, **options)
         text = renderer.finish_text(await state.templates.render_async(chat_template, messages, context, cap),
                                     messages, continue_final_message)
@@ -288,7 +290,7 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
     sent.last_ids = [*sent.last_ids, *comp.token_ids][-CONTEXT_TOKENS:]
     sent.done = final
     reasoning = piece.reasoning if req.include_reasoning else ""
-    delta = compact(content=piece.content or None, reasoning=reasoning or None, reasoning_content=reasoning or None,
+    delta = compact(content=piece.content or None, reasoning=reasoning or None,  # vLLM's deltas: no alias
                     tool_calls=deltas or None) or ({} if sent.stream is not None else {"content": ""})  # vLLM: ""
     ending = {"stop_reason": comp.stop_reason} if final else {}  # vLLM sets it (maybe null) on the last chunk only
     return {"index": comp.index, "delta": delta, "logprobs": logprobs,

@@ -14,7 +14,9 @@ from servers.openai.state import ServerState
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
-    if (req.prompt is None) == (req.messages is None):
+    if req.prompt is None and req.messages is None:  # vLLM's request model: neither is a validation error
+        raise ApiError(400, "give one of prompt or messages", param="body.prompt", type="Bad Request")
+    if req.prompt is not None and req.messages is not None:
         raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
     if req.messages is not None:
         prompt = await build_chat_prompt(

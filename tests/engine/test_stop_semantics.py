@@ -114,3 +114,18 @@ def test_include_stop_str_streams_without_hold_back():
     assert [o.outputs[0].text for o in outs] == ["m", " ", "a", "b"]
     outs, _ = run([7, 4, 2, 3], RequestOutputKind.DELTA, stop=["zzzz"])
     assert [o.outputs[0].text for o in outs] == ["", "", "", "m ab"]
+
+
+def test_a_text_that_ends_inside_a_character_leaves_the_partial_bytes_out():
+    """vLLM's detokenizer never emits a text ending in U+FFFD (it waits for bytes that never come); the ids keep
+    the token. Token 100 of the tiny checkpoints' byte-level BPE is a lone partial UTF-8 byte."""
+    from types import SimpleNamespace
+
+    from mm_infer.engine.outputs import _finish_text
+
+    def decode(ids, skip):
+        return "".join({5: "ok", 100: "\ufffd"}[i] for i in ids)
+
+    params = SimpleNamespace(include_stop_str_in_output=False, skip_special_tokens=True)
+    seq = SimpleNamespace(final_text=None, output_token_ids=[5, 100, 5, 100], stop_terminated=False, params=params)
+    assert _finish_text(seq, decode) == "ok\ufffdok"  # a partial byte inside the text stays, as in vLLM

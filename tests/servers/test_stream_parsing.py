@@ -33,7 +33,7 @@ def _run(tools: list | None) -> list:
 
 def test_reasoning_and_content_stream_apart_and_tool_calls_come_last():
     chunks = _run(TOOLS)
-    reasoning = "".join(c.delta.reasoning_content or "" for c in chunks)
+    reasoning = "".join(c.delta.reasoning or "" for c in chunks)
     content = "".join(c.delta.content or "" for c in chunks)
     assert reasoning == "The user wants"
     assert content == "Let me look."
@@ -41,7 +41,7 @@ def test_reasoning_and_content_stream_apart_and_tool_calls_come_last():
     (call,) = chunks[-1].delta.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
     assert chunks[-1].finish_reason == "tool_calls"
-    assert not any("<" in (c.delta.content or "") + (c.delta.reasoning_content or "") for c in chunks)
+    assert not any("<" in (c.delta.content or "") + (c.delta.reasoning or "") for c in chunks)
 
 
 def test_without_tools_the_markup_stays_content():
