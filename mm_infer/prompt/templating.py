@@ -114,7 +114,7 @@ class ChatRenderer:
         if chat_template is not None:
             kwargs["chat_template"] = chat_template
         template = kwargs.get("chat_template") or self.tokenizer_template()
-        messages = text_parts_joined(developer_as_system(messages, template), template)
+        messages = text_parts_joined(developer_as_system(messages, template), template, self.media_tokens)
         if self.has_template or kwargs.get("chat_template") is not None:
             if tools:
                 kwargs["tools"] = tools

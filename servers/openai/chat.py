@@ -92,8 +92,8 @@ async def render_chat_text(state: ServerState, messages: list[dict[str, Any]], *
         text = await asyncio.to_thread(renderer.render_text, messages, chat_template=own, max_chars=cap, **options)
         param = "messages"
     else:
-        messages = text_parts_joined(developer_as_system(messages, chat_template), chat_template)  # as the
-        # in-process renderer does (vLLM's rules)
+        messages = text_parts_joined(developer_as_system(messages, chat_template), chat_template,
+                                     renderer.media_tokens)  # as the in-process renderer does (vLLM's rules)
         context = renderer.template_context(messages, **options)
         text = renderer.finish_text(await state.templates.render_async(chat_template, messages, context, cap),
                                     messages, continue_final_message)

@@ -132,5 +132,7 @@ def test_a_template_that_reads_strings_gets_text_parts_joined_as_vllm_does():
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert text_parts_joined(parts, plain) == [{"role": "user", "content": "a\nb"}]
     assert text_parts_joined(parts, qwen) == parts
-    with_image = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]}]
-    assert text_parts_joined(with_image, plain) == with_image  # media parts stay for the template to place
+    with_image = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}]}]
+    assert text_parts_joined(with_image, plain) == with_image  # no placeholder texts given: the parts stay
+    pad = "<|vision_start|><|image_pad|><|vision_end|>"  # vLLM: placeholders first, then the texts
+    assert text_parts_joined(with_image, plain, {"image": pad}) == [{"role": "user", "content": f"{pad}\na"}]
