@@ -22,12 +22,14 @@ def thinking_checkpoint(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     weights = load_file(dst / "model.safetensors")
     config = json.loads((dst / "config.json").read_text())
-    think = weights["model.embed_tokens.weight"].shape[0]
-    for name in ("lm_head.weight", "model.embed_tokens.weight"):
-        if name in weights:
-            weights[name] = torch.cat([weights[name], weights[name].new_zeros(2, weights[name].shape[1])])
+    grown = [n for n in weights if n.endswith(("embed_tokens.weight", "lm_head.weight")) and "visual" not in n]
+    think = next(weights[n].shape[0] for n in grown if n.endswith("embed_tokens.weight"))
+    for name in grown:  # Qwen2-VL's model.embed_tokens, Qwen2.5-VL's model.language_model.embed_tokens; lm_head
+        weights[name] = torch.cat([weights[name], weights[name].new_zeros(2, weights[name].shape[1])])
     save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
     config["vocab_size"] = think + 2
+    if isinstance(config.get("text_config"), dict) and "vocab_size" in config["text_config"]:
+        config["text_config"]["vocab_size"] = think + 2
     (dst / "config.json").write_text(json.dumps(config))
     tok = json.loads((dst / "tokenizer.json").read_text())
     tok_config = json.loads((dst / "tokenizer_config.json").read_text())
