@@ -2,40 +2,47 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
 from mm_infer.engine.async_engine import AsyncEngine
+from mm_infer.engine.control import ControlOp, EngineControl
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.sleep import SleepState, sleep, wake_up
-from mm_infer.engine.weight_receiver import TransferInit, TransferUpdate, WeightReceiver
+from mm_infer.engine.sleep_state import SleepState
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
 
-Bucket = list[tuple[str, torch.Tensor]]
 Prompt = str | Mapping[str, Any] | PromptInput | VLMRequest
 
 
+@dataclass(frozen=True)
+class BackendFacts:
+    """What a backend's engines are, fixed at start-up."""
+
+    max_model_len: int
+    vocab_size: int
+    transfer_world_size: int  # engines that join a weight-transfer group (ranks rank_offset .. + this - 1)
+
+
 class EngineBackend(Protocol):
-    """One engine or a pool of replicas, as every endpoint sees it."""
+    """One engine, an engine-core process, or a pool of replicas, as every endpoint sees it: requests in, outputs
+    out, facts, live state, and one control call that carries any ControlOp to the engines."""
 
     preparer: PromptPreparer  # tokenizer, chat renderer, placeholder ids, media defaults
+    facts: BackendFacts
 
-    @property
-    def max_model_len(self) -> int: ...
-    @property
-    def vocab_size(self) -> int: ...
     @property
     def is_alive(self) -> bool: ...
     @property
     def weight_version(self) -> int: ...
+    @property
+    def sleep_state(self) -> SleepState: ...
     @property
     def reference_model(self) -> torch.nn.Module:
         """Names and shapes a refit is checked against (may live on the meta device)."""
@@ -47,24 +54,10 @@ class EngineBackend(Protocol):
         to make; without `stream`, only the final output."""
         ...
     def abort(self, request_id: str) -> None: ...
-    async def set_frozen(self, frozen: bool) -> None: ...
-    async def update_weights(self, bucket: Bucket, version: int) -> None: ...
-    async def reset_caches(self) -> None: ...
-    # weight transfer (engine/weight_receiver.py) and sleep (engine/sleep.py)
-    @property
-    def transfer_world_size(self) -> int:
-        """Engines that join a weight-transfer group (ranks rank_offset .. rank_offset + this - 1)."""
+    async def control(self, op: ControlOp) -> Any:
+        """Apply `op` on every engine (engine/control.py says what each returns; a pool answers with the first
+        engine's result, or the least count)."""
         ...
-    async def init_weight_transfer(self, init: TransferInit) -> None: ...
-    async def receive_weights(self, update: TransferUpdate) -> int: ...
-    async def commit_weights(self, version: int) -> int:
-        """Swap the staged tensors in everywhere (between steps); returns how many tensors."""
-        ...
-    async def discard_weights(self) -> None: ...
-    @property
-    def sleep_state(self) -> SleepState: ...
-    async def sleep(self, level: int) -> SleepState: ...
-    async def wake_up(self, tags: list[str] | None) -> SleepState: ...
     def engine_gauges(self) -> dict[str, float]: ...
     def shutdown(self) -> None: ...
 
@@ -105,15 +98,8 @@ class LocalBackend:
         self.core = core
         self.async_engine = AsyncEngine(core)
         self.preparer = core.preparer
-        self.receiver = WeightReceiver(core.device)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.core.runtime.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.core.runtime.vocab_size
+        self.engine_control = EngineControl(core)
+        self.facts = BackendFacts(core.runtime.max_model_len, core.runtime.vocab_size, 1)
 
     @property
     def is_alive(self) -> bool:
@@ -122,6 +108,10 @@ class LocalBackend:
     @property
     def weight_version(self) -> int:
         return self.core.weight_version
+
+    @property
+    def sleep_state(self) -> SleepState:
+        return self.core.sleep_state
 
     @property
     def reference_model(self) -> torch.nn.Module:
@@ -134,42 +124,8 @@ class LocalBackend:
     def abort(self, request_id: str) -> None:
         self.async_engine.abort(request_id)
 
-    async def set_frozen(self, frozen: bool) -> None:
-        await asyncio.to_thread(self.async_engine.set_frozen, frozen)  # freezing waits for a step under way
-
-    async def update_weights(self, bucket: Bucket, version: int) -> None:
-        await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, bucket, version)
-
-    async def reset_caches(self) -> None:
-        await asyncio.to_thread(self.async_engine.run_locked, self.core.reset_caches)
-
-    @property
-    def transfer_world_size(self) -> int:
-        return 1
-
-    async def init_weight_transfer(self, init: TransferInit) -> None:
-        await asyncio.to_thread(self.receiver.join, init)
-
-    async def receive_weights(self, update: TransferUpdate) -> int:
-        return await asyncio.to_thread(self.receiver.receive, update)
-
-    async def commit_weights(self, version: int) -> int:
-        staged = self.receiver.take()
-        await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, staged, version)
-        return len(staged)
-
-    async def discard_weights(self) -> None:
-        self.receiver.discard()
-
-    @property
-    def sleep_state(self) -> SleepState:
-        return self.core.sleep_state
-
-    async def sleep(self, level: int) -> SleepState:
-        return await asyncio.to_thread(self.async_engine.run_locked, sleep, self.core, level)
-
-    async def wake_up(self, tags: list[str] | None) -> SleepState:
-        return await asyncio.to_thread(self.async_engine.run_locked, wake_up, self.core, tags)
+    async def control(self, op: ControlOp) -> Any:
+        return await self.async_engine.control(self.engine_control, op)
 
     def engine_gauges(self) -> dict[str, float]:
         return engine_gauges(self.core.stats())

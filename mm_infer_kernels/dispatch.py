@@ -92,7 +92,7 @@ def patch_embed_packed(buffer: torch.Tensor, offsets: Offsets, thw: Sizes, weigh
     """Packed uint8 items + Conv3d weight [D, 3, tp, p, p] -> patch embeddings [sum(t*h*w), D], weight dtype.
 
     fused=True: one Triton gather-matmul (rows never written). fused=False: Triton patchify + torch matmul,
-    bit-equal to the torch backend. Which is faster depends on the GPU: scripts/bench_kernels.py times both.
+    bit-equal to the torch backend. Which is faster depends on the GPU: scripts/gpu/bench_kernels.py times both.
     """
     if select_backend(buffer, weight) == "torch":
         fn = _pe.patch_embed_packed_reference

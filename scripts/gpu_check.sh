@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU check: the kernel tests on CUDA (no interpreter), the kernel benchmark, then the engine check
-# (scripts/gpu_engine_check.py: CPU/CUDA parity, seeded groups, sampler and 7B-shaped decode timings).
+# (scripts/gpu/engine_check.py: CPU/CUDA parity, seeded groups, sampler and 7B-shaped decode timings).
 # Usage: bash scripts/gpu_check.sh [OUTDIR]   (default $OUT/gpu_check, else ./out/gpu_check)
 # Exits non-zero at once without CUDA. Timeouts (s): CUDA probe 20, env 10+15, tests 160, bench 80, vision
-# attention 25, engine 155 (+2 s kill grace each): at most 475 s in all. Then TRL's NCCL weight sync (scripts/trl_nccl_check.py): NCCL refuses
+# attention 25, engine 155 (+2 s kill grace each): at most 475 s in all. Then TRL's NCCL weight sync (scripts/peers/trl_nccl_check.py): NCCL refuses
 # two ranks of one communicator on one GPU, so with a single GPU it prints why and skips in seconds; with 2+ GPUs and
 # TRL_PYTHON (trl 1.16 + a CUDA vLLM) it runs, timeout 400 s (not yet timed on a GPU), outside the 8-minute one-GPU budget.
 set -uo pipefail
@@ -26,22 +26,22 @@ fi
 timeout -k 2 160 "$PY" -m pytest -q tests/kernels -p no:cacheprovider --junitxml="$DEST/tests.xml" 2>&1 | tee "$DEST/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
-timeout -k 2 80 "$PY" scripts/bench_kernels.py --json "$DEST/bench.json" 2>&1 | tee "$DEST/bench.txt"
+timeout -k 2 80 "$PY" scripts/gpu/bench_kernels.py --json "$DEST/bench.json" 2>&1 | tee "$DEST/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 
 # Qwen2.5-VL window attention, 8 images of 1288x728: per-window SDPA calls vs one flash varlen call (bf16)
-timeout -k 2 25 "$PY" scripts/bench_vision_attention.py --layers 8 2>&1 | tee "$DEST/vision_attention.txt"
+timeout -k 2 25 "$PY" scripts/bench/vision_attention.py --layers 8 2>&1 | tee "$DEST/vision_attention.txt"
 vision_rc=${PIPESTATUS[0]}
 
 # the engine check skips its remaining decode sizes after --budget seconds, well inside its timeout
-timeout -k 2 155 "$PY" scripts/gpu_engine_check.py --budget 125 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
+timeout -k 2 155 "$PY" scripts/gpu/engine_check.py --budget 125 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
 engine_rc=${PIPESTATUS[0]}
 
 # TRL's init_communicator + update_model_params into our NCCL server; one GPU: skipped here at once (NCCL would
 # refuse the trainer and the server as two ranks on one device)
 gpus=$(timeout 10 nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${gpus:-0}" -ge 2 ]; then
-  timeout -k 2 400 "$PY" scripts/trl_nccl_check.py --json "$DEST/trl_nccl.json" 2>&1 | tee "$DEST/trl_nccl.txt"
+  timeout -k 2 400 "$PY" scripts/peers/trl_nccl_check.py --json "$DEST/trl_nccl.json" 2>&1 | tee "$DEST/trl_nccl.txt"
   trl_rc=${PIPESTATUS[0]}
 else
   echo "trl_nccl: skipped: ${gpus:-0} GPU(s); NCCL needs the trainer and the server on different GPUs" | tee "$DEST/trl_nccl.txt"

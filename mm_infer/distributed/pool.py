@@ -15,17 +15,18 @@ from mm_infer.config import EngineConfig
 from mm_infer.distributed.counters import pool_counters
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
 from mm_infer.distributed.media_refs import MediaRefCache
-from mm_infer.distributed.pool_rl import PoolRL
+from mm_infer.distributed.pool_control import PoolControl
 from mm_infer.distributed.router import Router, affinity_key
 from mm_infer.distributed.slots import PoolConfig
 from mm_infer.distributed.supervisor import Supervisor
+from mm_infer.engine.control import ControlOp
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.sleep import SleepState
+from mm_infer.engine.sleep_state import SleepState
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import Bucket, DeltaTracker, MetaReference, engine_gauges, wants_deltas
+from mm_infer.serving import BackendFacts, DeltaTracker, MetaReference, engine_gauges, wants_deltas
 
 
 def ensure_ray(config: PoolConfig) -> bool:
@@ -47,7 +48,7 @@ def _unwrap(exc: RayTaskError) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
-class ReplicaPool(PoolRL, MetaReference):
+class ReplicaPool(MetaReference):
     """Prepares prompts here (media preprocessed once, shipped once through the object store), routes each request
     to one replica, streams its snapshots back, and fans refits, freezes and cache resets out to every replica."""
 
@@ -61,33 +62,26 @@ class ReplicaPool(PoolRL, MetaReference):
         self.preparer = PromptPreparer(config.model_dir, engine_config.media)
         self.router = Router(config.num_replicas, config.spill_slack)
         self.supervisor = Supervisor(config, self.router)
-        self._version = engine_config.weight_version
         self._inflight: dict[str, tuple[int, Any]] = {}  # request id -> (replica index, actor handle)
         self.media = MediaRefCache(config.media_cache_bytes)
         self._closed = False
-        self._round_names: list[str] = []  # names of the weight-transfer round staged on the replicas
-        self._sleep = SleepState()
+        self.pool_control = PoolControl(self.supervisor, self._fan_out, engine_config.weight_version)
         self.supervisor.start_all()
         info = self.supervisor.slots[0].info
-        self._max_model_len = int(info["max_model_len"])
-        self._vocab_size = int(info["vocab_size"])
+        self.facts = BackendFacts(int(info["max_model_len"]), int(info["vocab_size"]), config.num_replicas)
 
-    # EngineBackend: static facts
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
+    # EngineBackend: live state
     @property
     def is_alive(self) -> bool:
         return not self._closed and bool(self.supervisor.up_slots())
 
     @property
     def weight_version(self) -> int:
-        return self._version
+        return self.pool_control.version
+
+    @property
+    def sleep_state(self) -> SleepState:
+        return self.pool_control.sleep_state
 
     def prepare(self, prompt: str | Mapping[str, Any] | PromptInput) -> VLMRequest:
         return self.preparer.prepare(prompt)
@@ -194,32 +188,9 @@ class ReplicaPool(PoolRL, MetaReference):
             raise failed
         return [r for r in results if not isinstance(r, BaseException)]
 
-    async def set_frozen(self, frozen: bool) -> None:
-        with self.supervisor.lock:
-            self.supervisor.frozen = frozen
-        await self._fan_out("set_frozen", frozen)
-
-    async def update_weights(self, bucket: Bucket, version: int) -> None:
-        """One copy of the bucket in the object store, read by every replica; journaled for restarts."""
-        ref = ray.put(bucket)
-        with self.supervisor.lock:
-            entry = self.supervisor.journal.record(ref, [name for name, _ in bucket], version)
-        try:
-            await self._fan_out("update_weights", ref, version)
-        except Exception as exc:  # some replicas may hold the bucket, some not: start them all again from the
-            with self.supervisor.lock:  # checkpoint and the journal without it, so every replica agrees again
-                self.supervisor.journal.forget(entry)
-            for slot in self.supervisor.up_slots():
-                self.supervisor.mark_down(slot.index, slot.incarnation, f"a refit failed ({describe_failure(exc)}); "
-                                          "restarting so that every replica holds the same weights")
-            raise
-        with self.supervisor.lock:
-            self.supervisor.journal.commit(entry)
-        self._version = version  # moves once every replica that is up has the bucket
-        await self._refresh_sleep()
-
-    async def reset_caches(self) -> None:
-        await self._fan_out("reset_caches")
+    async def control(self, op: ControlOp) -> Any:
+        """Apply `op` on every replica (pool_control.py: the refit journal and how answers merge)."""
+        return await self.pool_control.apply(op)
 
     # observability
     def engine_gauges(self) -> dict[str, float]:

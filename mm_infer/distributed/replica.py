@@ -10,18 +10,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 
 from mm_infer.distributed.coalesce import latest_only
 from mm_infer.distributed.errors import portable_error
 from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
+from mm_infer.engine.control import Bucket, CommitWeights, ControlOp, EngineControl, UpdateWeights
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.host_allocator import keep_step_memory
 from mm_infer.engine.outputs import RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.sleep import SleepState, sleep, wake_up
-from mm_infer.engine.weight_receiver import TransferInit, TransferUpdate, WeightReceiver
 from mm_infer.prompt.request import VLMRequest
 
 
@@ -53,7 +53,7 @@ class EngineReplica:
         self.index = index
         self.core = LLMEngine.from_options(model_dir, **options)
         self.async_engine = AsyncEngine(self.core)
-        self.receiver = WeightReceiver(self.core.device, index)  # joins a transfer group at rank_offset + index
+        self.engine_control = EngineControl(self.core, index)  # joins a transfer group at rank_offset + index
         self.stream_interval_s = stream_interval_s
         self.requests_by_key: Counter[str] = Counter()
         self.requests = 0
@@ -119,39 +119,17 @@ class EngineReplica:
         return {"index": self.index, "requests": self.requests, "requests_by_key": dict(self.requests_by_key),
                 **self.core.stats()}
 
-    async def update_weights(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> int:
-        await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, bucket, version)
-        return self.core.weight_version
+    async def control(self, op: ControlOp) -> Any:
+        """One control operation on this replica's engine (a refit's bucket arrives as an object-store ref)."""
+        if isinstance(op, UpdateWeights) and isinstance(op.bucket, ray.ObjectRef):
+            op = replace(op, bucket=await op.bucket)
+        return await self.async_engine.control(self.engine_control, op)
 
-    async def init_weight_transfer(self, init: TransferInit) -> int:
-        return await asyncio.to_thread(self.receiver.join, init)
-
-    async def receive_weights(self, update: TransferUpdate) -> int:
-        return await asyncio.to_thread(self.receiver.receive, update)
-
-    async def commit_weights(self, version: int, keep: bool) -> tuple[int, list[tuple[str, torch.Tensor]] | None]:
-        """Swap the staged tensors in; with `keep`, they are also returned (the pool journals them)."""
-        staged = self.receiver.take()
-        await asyncio.to_thread(self.async_engine.run_locked, self.core.update_weights, staged, version)
-        return len(staged), staged if keep else None
-
-    def discard_weights(self) -> None:
-        self.receiver.discard()
-
-    async def sleep(self, level: int) -> SleepState:
-        return await asyncio.to_thread(self.async_engine.run_locked, sleep, self.core, level)
-
-    async def wake_up(self, tags: list[str] | None) -> SleepState:
-        return await asyncio.to_thread(self.async_engine.run_locked, wake_up, self.core, tags)
-
-    def sleep_status(self) -> SleepState:
-        return self.core.sleep_state
-
-    async def set_frozen(self, frozen: bool) -> None:
-        await asyncio.to_thread(self.async_engine.set_frozen, frozen)  # freezing waits for a step under way
-
-    async def reset_caches(self) -> None:
-        await asyncio.to_thread(self.async_engine.run_locked, self.core.reset_caches)
+    async def commit_kept(self, version: int) -> tuple[int, Bucket]:
+        """CommitWeights returning its two parts as two objects (the pool keeps the staged tensors' reference for
+        its journal, owned by the pool's process, never copied through it)."""
+        count, staged = await self.control(CommitWeights(version, keep=True))
+        return count, staged
 
     def shutdown(self) -> None:
         self.async_engine.shutdown()

@@ -16,6 +16,7 @@ from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.replica import EngineReplica
 from mm_infer.distributed.router import Router
 from mm_infer.distributed.slots import PoolConfig, ReplicaSlot, restart_delay_s
+from mm_infer.engine.control import Freeze, UpdateWeights
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,10 @@ class Supervisor:
                     self.router.set_up(slot.index, True)
                     return
             for entry in pending:
-                ray.get(slot.handle.update_weights.remote(entry.ref, entry.version),
+                ray.get(slot.handle.control.remote(UpdateWeights(entry.ref, entry.version)),
                         timeout=self.config.startup_timeout_s)
                 slot.applied_seq = entry.seq
-            ray.get(slot.handle.set_frozen.remote(frozen), timeout=self.config.health_timeout_s)
+            ray.get(slot.handle.control.remote(Freeze(frozen)), timeout=self.config.health_timeout_s)
             frozen_applied = frozen
 
     def start_all(self) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from mm_infer.engine.control import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.errors import RequestFailedError
 from mm_infer.engine.output_streams import Backpressure, OutputStream
@@ -166,6 +167,15 @@ class AsyncEngine:
             if outputs is None:  # nothing to run (idle, frozen, or every request held for its reader)
                 self._wake.wait(timeout=0.05)
                 self._wake.clear()
+
+    async def control(self, control: EngineControl, op: ControlOp) -> Any:
+        """Apply a control operation off the event loop: a Freeze here (this loop steps the engine); others through
+        `control`, under the step lock where the operation runs between steps."""
+        if isinstance(op, Freeze):
+            return await asyncio.to_thread(self.set_frozen, op.frozen)
+        if op.between_steps:
+            return await asyncio.to_thread(self.run_locked, control.apply, op)
+        return await asyncio.to_thread(control.apply, op)
 
     def shutdown(self) -> None:
         self._stop = True

@@ -25,7 +25,7 @@ from mm_infer.engine.sampler import RAW_NONFINITE, Sampler, SampleResult
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
-from mm_infer.engine.sleep import EngineAsleepError, SleepState, note_refit
+from mm_infer.engine.sleep_state import EngineAsleepError, SleepState
 from mm_infer.engine.step_threads import StepThreads, checked_heavy_threads
 from mm_infer.engine.stopping import check_stop
 from mm_infer.models import load_model
@@ -70,7 +70,7 @@ class LLMEngine:
         self.request_stats = RequestStats(self.runtime.max_model_len)  # vLLM's request / step series
         self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
-        self.sleep_state = SleepState()  # engine/sleep.py: what a sleep released
+        self.sleep_state = SleepState()  # engine/sleep_state.py: what a sleep released
         self.sleep_kv_shape: Any = None
 
     def _step_limits(self, config: EngineConfig, device: torch.device) -> StepLimits:
@@ -298,7 +298,7 @@ class LLMEngine:
         filled = load_state_dict_into(self.model, named_tensors)
         self.encoder_cache.set_weight_version(version)
         self.block_manager.reset_prefix_cache()
-        note_refit(self, filled)
+        self.sleep_state.note_refit(filled, {name for name, _ in self.model.named_parameters()})
         return filled
 
     def reset_caches(self) -> None:

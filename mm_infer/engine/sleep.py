@@ -3,49 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
+from mm_infer.engine.sleep_state import EngineAsleepError, SleepState
 from mm_infer.models import packed_weights
 
 if TYPE_CHECKING:
     from mm_infer.engine.engine import LLMEngine
 
-WeightsState = Literal["loaded", "offloaded", "discarded", "unloaded"]  # unloaded: memory back, values not yet
 TAGS = ("weights", "kv_cache")
-
-
-class EngineAsleepError(RuntimeError):
-    """The engine cannot serve now (asleep, or its weights not reloaded since a level-2 sleep); says which (503)."""
-
-    status = 503
-
-
-@dataclass
-class SleepState:
-    level: int = 0  # the deepest level slept at since the last full wake-up
-    kv_freed: bool = False
-    weights: WeightsState = "loaded"
-    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)  # discarded params
-    reloaded: set[str] = field(default_factory=set)  # parameters refit since a level-2 wake-up
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self.kv_freed or self.weights in ("offloaded", "discarded")
-
-    def reason(self) -> str | None:
-        """Why a request is refused now (None: the engine serves)."""
-        if self.is_sleeping:
-            held = [what for what, gone in (("the KV cache", self.kv_freed),
-                                            ("the weights", self.weights in ("offloaded", "discarded"))) if gone]
-            return (f"the engine is asleep (level {self.level}: {' and '.join(held)} released); "
-                    "POST /wake_up first")
-        if self.weights == "unloaded":
-            return ("the weights were discarded by a level-2 sleep and not reloaded since: refit every weight "
-                    "(/update_weights or /update_weights_from_disk) before serving")
-        return None
 
 
 def sleep(engine: LLMEngine, level: int) -> SleepState:
@@ -90,16 +58,6 @@ def wake_up(engine: LLMEngine, tags: Iterable[str] | None = None) -> SleepState:
     if not state.is_sleeping:
         state.level = 0
     return state
-
-
-def note_refit(engine: LLMEngine, filled: set[str]) -> None:
-    """After a level-2 wake-up the engine serves again once every parameter was refit."""
-    state = engine.sleep_state
-    if state.weights != "unloaded":
-        return
-    state.reloaded |= filled
-    if state.reloaded >= {name for name, _ in engine.model.named_parameters()}:
-        state.weights, state.reloaded = "loaded", set()
 
 
 def _release_kv(engine: LLMEngine) -> None:

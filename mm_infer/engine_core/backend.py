@@ -15,17 +15,17 @@ from mm_infer.config import EngineConfig
 from mm_infer.distributed.errors import ReplicaUnavailableError
 from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.slots import restart_delay_s
+from mm_infer.engine.control import Bucket, CommitWeights, ControlOp, Freeze, SleepStatus, UpdateWeights
 from mm_infer.engine.errors import RequestFailedError
 from mm_infer.engine.output_streams import OutputStream
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.sleep import SleepState
-from mm_infer.engine.weight_receiver import TransferInit, TransferUpdate
+from mm_infer.engine.sleep_state import SleepState
 from mm_infer.engine_core import wire
 from mm_infer.engine_core.core_client import CoreClient
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import Bucket, MetaReference, Prompt, engine_gauges
+from mm_infer.serving import BackendFacts, MetaReference, Prompt, engine_gauges
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +75,12 @@ class CoreProcessBackend(MetaReference):
         self.client = CoreClient(model_dir, self.options, self._on_death, startup_timeout_s)
         self._version = int(self.client.info["weight_version"])
         self._sleep: SleepState = self.client.info["sleep_state"]
+        info = self.client.info
+        self.facts = BackendFacts(int(info["max_model_len"]), int(info["vocab_size"]), 1)
         self._watcher = threading.Thread(target=self._watch, name="mm-infer-core-watch", daemon=True)
         self._watcher.start()
 
-    # EngineBackend: facts
-    @property
-    def max_model_len(self) -> int:
-        return int(self.client.info["max_model_len"])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.client.info["vocab_size"])
-
+    # EngineBackend: live state
     @property
     def is_alive(self) -> bool:
         return not self._closed and self.client.dead is None
@@ -94,6 +88,10 @@ class CoreProcessBackend(MetaReference):
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def sleep_state(self) -> SleepState:
+        return self._sleep
 
     @property
     def pid(self) -> int | None:
@@ -162,58 +160,29 @@ class CoreProcessBackend(MetaReference):
     async def _call(self, method: str, *args: Any) -> Any:
         return await asyncio.wrap_future(self._check_up().call(method, *args))
 
-    async def set_frozen(self, frozen: bool) -> None:
-        self.frozen = frozen
-        await self._call("set_frozen", frozen)
-
-    async def update_weights(self, bucket: Bucket, version: int) -> None:
-        await self._call("update_weights", bucket, version)
-        self._journal(bucket, version)
-        await self._refresh_sleep()
+    async def control(self, op: ControlOp) -> Any:
+        """Carried to the core as it is. Refits are journaled here (a commit keeps its staged tensors for that),
+        so a restarted core catches up; the freeze and sleep state are mirrored for the same reason."""
+        if isinstance(op, CommitWeights):
+            op = replace(op, keep=True)
+        result = await self._call("control", op)
+        if isinstance(op, Freeze):
+            self.frozen = op.frozen
+        if isinstance(result, SleepState):
+            self._sleep = result
+        if isinstance(op, UpdateWeights):
+            self._journal(op.bucket, op.version)
+        elif isinstance(op, CommitWeights):
+            self._journal(result[1], op.version)
+            result = (result[0], None)
+        if op.refit and self._sleep.weights == "unloaded":  # a level-2 sleeper serves again once all was refit
+            self._sleep = await self._call("control", SleepStatus())
+        return result
 
     def _journal(self, bucket: Bucket, version: int) -> None:
         with self._lock:
             self.journal.commit(self.journal.record(bucket, [name for name, _ in bucket], version))
         self._version = version
-
-    async def reset_caches(self) -> None:
-        await self._call("reset_caches")
-
-    @property
-    def transfer_world_size(self) -> int:
-        return 1
-
-    async def init_weight_transfer(self, init: TransferInit) -> None:
-        await self._call("init_weight_transfer", init)
-
-    async def receive_weights(self, update: TransferUpdate) -> int:
-        return int(await self._call("receive_weights", update))
-
-    async def commit_weights(self, version: int) -> int:
-        count, staged = await self._call("commit_weights", version, True)
-        self._journal(staged, version)
-        await self._refresh_sleep()
-        return int(count)
-
-    async def discard_weights(self) -> None:
-        await self._call("discard_weights")
-
-    @property
-    def sleep_state(self) -> SleepState:
-        return self._sleep
-
-    async def sleep(self, level: int) -> SleepState:
-        self._sleep = await self._call("sleep", level)
-        return self._sleep
-
-    async def wake_up(self, tags: list[str] | None) -> SleepState:
-        self._sleep = await self._call("wake_up", tags)
-        return self._sleep
-
-    async def _refresh_sleep(self) -> None:
-        """After a refit: a level-2 sleeper serves again once every weight was reloaded (the core counts them)."""
-        if self._sleep.weights == "unloaded":
-            self._sleep = await self._call("sleep_state")
 
     def engine_gauges(self) -> dict[str, float]:
         stats = self.client.stats
@@ -249,8 +218,8 @@ class CoreProcessBackend(MetaReference):
             with self._lock:
                 entries, frozen = self.journal.since(-1), self.frozen
             for entry in entries:
-                client.call("update_weights", entry.ref, entry.version).result(self.startup_timeout_s)
-            client.call("set_frozen", frozen).result(60)
+                client.call("control", UpdateWeights(entry.ref, entry.version)).result(self.startup_timeout_s)
+            client.call("control", Freeze(frozen)).result(60)
         except BaseException:
             client.kill()
             raise

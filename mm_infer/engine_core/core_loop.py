@@ -13,11 +13,10 @@ from typing import Any
 import torch
 
 from mm_infer.distributed.owned_child import ignore_group_signals
+from mm_infer.engine.control import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.host_allocator import keep_step_memory
 from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sleep import sleep, wake_up
-from mm_infer.engine.weight_receiver import WeightReceiver
 from mm_infer.engine_core import wire
 from mm_infer.engine_core.heap_trim import IdleTrimmer
 
@@ -33,7 +32,7 @@ class CoreLoop:
     def __init__(self, conn: Connection, engine: LLMEngine) -> None:
         self.conn = conn
         self.engine = engine
-        self.receiver = WeightReceiver(engine.device)
+        self.engine_control = EngineControl(engine)
         self.frozen = False
         self.running = True
         self._send_lock = threading.Lock()
@@ -44,14 +43,8 @@ class CoreLoop:
         self._awaiting: dict[str, tuple[Any, Any, Future[Any], float]] = {}
         self._stats_at = 0.0
         self._trimmer = IdleTrimmer()
-        self._calls: dict[str, Callable[..., Any]] = {
-            "update_weights": engine.update_weights, "reset_caches": engine.reset_caches,
-            "set_frozen": self._set_frozen, "sleep": lambda level: sleep(engine, level),
-            "wake_up": lambda tags: wake_up(engine, tags), "sleep_state": lambda: engine.sleep_state,
-            "commit_weights": self._commit_weights, "discard_weights": self.receiver.discard,
-            "stats": self.stats, "raise": self._raise}
-        self._side_calls: dict[str, Callable[..., Any]] = {
-            "init_weight_transfer": self.receiver.join, "receive_weights": self.receiver.receive}
+        self._calls: dict[str, Callable[..., Any]] = {"control": self._control, "stats": self.stats,
+                                                      "raise": self._raise}
 
     def send(self, message: Any, tensors: bool = False) -> None:
         data, _ = wire.dumps(message, tensors)
@@ -121,9 +114,10 @@ class CoreLoop:
                 self.send(("failed", rid, wire.portable_error(self.engine.grammars.timed_out())))
 
     def _call(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
-        side = self._side_calls.get(method)
-        if side is not None:
-            self._side.submit(self._reply, call_id, side, args)
+        """Control operations that need no step boundary (a broadcast staging tensors) run on the side thread;
+        everything else here, between steps."""
+        if method == "control" and not args[0].between_steps:
+            self._side.submit(self._reply, call_id, self._control, args)
         else:
             self._reply(call_id, self._calls[method], args)
 
@@ -133,13 +127,11 @@ class CoreLoop:
         except Exception as exc:
             self.send(("reply", call_id, False, wire.portable_error(exc)))
 
-    def _set_frozen(self, frozen: bool) -> None:
-        self.frozen = frozen  # no step runs while this call does, so none is under way once it returns
-
-    def _commit_weights(self, version: int, keep: bool) -> tuple[int, list[Any] | None]:
-        staged = self.receiver.take()
-        self.engine.update_weights(staged, version)
-        return len(staged), [(name, t.cpu()) for name, t in staged] if keep else None
+    def _control(self, op: ControlOp) -> Any:
+        if isinstance(op, Freeze):  # no step runs while this call does, so none is under way once it returns
+            self.frozen = op.frozen
+            return None
+        return self.engine_control.apply(op)
 
     @staticmethod
     def _raise(message: str) -> None:

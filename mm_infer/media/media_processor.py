@@ -22,7 +22,7 @@ from mm_infer.media.processor import (
 from mm_infer.media.sources import MediaInput, is_encoded, options_digest, read_encoded
 
 # Threads, not processes: PIL decode/resize, PyAV, decord and torch all release the GIL, and a thread
-# hands back the pixel rows without pickling them. scripts/bench_media.py measures both.
+# hands back the pixel rows without pickling them. scripts/bench/media.py measures both.
 
 
 class MediaProcessor:

@@ -6,7 +6,7 @@ kernels), faster still with the weight reordered once instead of per call (packe
 CPU has no half arithmetic: there it converts the weight once per output row, so a 16-row decode step
 costs about 16 GEMVs, and float32 tiles through sgemm (half_linear.py) read the weight once. The choice is made per
 dtype from the CPU's instruction sets, never from a timing at load: a timing is noisy, and a path picked by noise
-would change a run's bits from one process to the next. `scripts/bench_half_linear.py` times both paths on the CPU
+would change a run's bits from one process to the next. `scripts/bench/half_linear.py` times both paths on the CPU
 it runs on and prints the one chosen here. MM_INFER_HALF_GEMM=packed|torch|tiles forces one path for every half
 dtype.
 """

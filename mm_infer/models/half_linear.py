@@ -20,7 +20,7 @@ from mm_infer.models import packed_weights
 from mm_infer.models.half_gemm_path import cpu_features, half_gemm_path, mv_for_single_rows
 
 HALF_TYPES = (torch.bfloat16, torch.float16)
-UPCAST_MIN_ROWS = 8  # below this torch's half GEMV is faster (scripts/bench_half_linear.py)
+UPCAST_MIN_ROWS = 8  # below this torch's half GEMV is faster (scripts/bench/half_linear.py)
 TILE_ELEMENTS = 1 << 19  # float32 weight elements per tile: 2 MiB, cache-resident beside the activations
 
 

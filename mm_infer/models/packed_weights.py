@@ -3,7 +3,7 @@
 torch's CPU half GEMM (F.linear on AMX / AVX512-BF16 / AVX512-FP16) reorders the weight into oneDNN's blocked
 layout on every call: a decode step reads each weight, writes the reordered copy and reads it again. Reordering it
 once and keeping the copy makes the decode GEMMs 1.2-1.45x faster on an AMX Xeon at 2B shapes
-(`scripts/bench_half_linear.py`, column "packed"). The cost is memory: a copy of every packed weight. So packing
+(`scripts/bench/half_linear.py`, column "packed"). The cost is memory: a copy of every packed weight. So packing
 stops at a byte budget fixed per machine (a quarter of its RAM, MM_INFER_PACKED_BUDGET overrides), and a weight
 past it keeps F.linear: the choice depends on the model and the machine, never on timing.
 

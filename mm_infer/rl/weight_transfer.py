@@ -18,8 +18,8 @@ import httpx
 import torch
 from torch import Tensor
 
-from mm_infer.rl.collective import BroadcastGroup, join_group
-from mm_infer.rl.packing import DEFAULT_BUFFER_BYTES, TensorMeta, dtype_name, packed_chunks
+from mm_infer.transfer.collective import BroadcastGroup, join_group
+from mm_infer.transfer.packing import DEFAULT_BUFFER_BYTES, TensorMeta, dtype_name, packed_chunks
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -79,7 +79,7 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=name, created=state.created, root=state.config.model_dir,
-                                         max_model_len=state.backend.max_model_len,
+                                         max_model_len=state.backend.facts.max_model_len,
                                          weight_version=state.backend.weight_version) for name in served_names(state)])
 
     @app.post("/tokenize")

@@ -84,7 +84,7 @@ async def render_chat_text(state: ServerState, messages: list[dict[str, Any]], *
     request sent in a killable worker (state.templates: deadline, memory cap) on the pool's own threads. Either
     way capped at what the context can hold, and refused (400 naming the cap) before anyone tokenizes it."""
     tokenizer, renderer = state.preparer.tokenizer, state.preparer.renderer
-    cap = text_char_limit(tokenizer, state.backend.max_model_len)
+    cap = text_char_limit(tokenizer, state.backend.facts.max_model_len)
     options = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
                "chat_template_kwargs": chat_template_kwargs, "tools": tools}
     if chat_template is None or chat_template in (state.config.chat_template, tokenizer.chat_template):
@@ -98,7 +98,7 @@ async def render_chat_text(state: ServerState, messages: list[dict[str, Any]], *
         text = renderer.finish_text(await state.templates.render_async(chat_template, messages, context, cap),
                                     messages, continue_final_message)
         param = "chat_template"
-    check_rendered(tokenizer, state.backend.max_model_len, text, param)
+    check_rendered(tokenizer, state.backend.facts.max_model_len, text, param)
     return text
 
 
@@ -125,7 +125,7 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                             media_io_kwargs: dict[str, Any] | None = None) -> PromptInput:
     """The typed prompt: token ids (earlier turns' exact ids spliced in) plus processed media items; the
     request's chat_template, else the server's, else the checkpoint's."""
-    max_model_len = state.backend.max_model_len
+    max_model_len = state.backend.facts.max_model_len
     check_text(state.preparer.tokenizer, max_model_len, message_texts(messages), "messages")
     chat = parse_messages(messages)
     check_media_counts((ref.kind for ref in chat.media), state.config.limit_mm_per_prompt)
@@ -141,7 +141,7 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
                                       chat_template=source)
         if chat.carried is None:
             return await asyncio.to_thread(renderer.encode, text, add_special_tokens)
-        if bad := [t for t in chat.carried.token_ids if not 0 <= t < state.backend.vocab_size]:
+        if bad := [t for t in chat.carried.token_ids if not 0 <= t < state.backend.facts.vocab_size]:
             raise ApiError(400, f"carried token ids outside the vocabulary: {bad[:5]}", param="messages")
         prefix = await render_chat_text(state, chat.messages[:chat.carried.message_index + 1],
                                         add_generation_prompt=False, continue_final_message=False,
@@ -344,9 +344,9 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
 async def chat_request_prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[SamplingParams, PromptInput]:
     """A chat request's SamplingParams and (truncated) prompt: what the chat and render endpoints both start from."""
     check_tool_choice(req)
-    params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
+    params = to_sampling_params(req, state.backend.facts.vocab_size, state.sampling_defaults)
     check_sequences(1, req.n, state.config.max_sequences_per_request)
-    max_model_len, limit = state.backend.max_model_len, state.config.max_logprob_entries
+    max_model_len, limit = state.backend.facts.max_model_len, state.config.max_logprob_entries
     params = clamp_lengths(params, max_model_len)
     check_answer_size(params, max_model_len, limit, [None], param=_logprobs_param(params))
     prompt = await build_chat_prompt(
@@ -355,7 +355,7 @@ async def chat_request_prompt(state: ServerState, req: ChatCompletionRequest) ->
         mm_processor_kwargs=req.mm_processor_kwargs, tools=req.tools if req.tool_choice != "none" else None,
         chat_template=req.chat_template, add_special_tokens=req.add_special_tokens, cache_salt=req.cache_salt,
         media_io_kwargs=req.media_io_kwargs)
-    prompt = truncate_prompt(prompt, truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len),
+    prompt = truncate_prompt(prompt, truncation_length(req.truncate_prompt_tokens, state.backend.facts.max_model_len),
                              state.preparer.placeholder_ids, state.preparer.merge_size)
     check_answer_size(params, max_model_len, limit, [expanded_length(prompt, state.preparer.merge_size)],
                       param=_logprobs_param(params))

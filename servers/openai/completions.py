@@ -84,7 +84,7 @@ def prompt_ids(state: ServerState, req: CompletionRequest, prompts: list[str | l
     for i, ids in enumerate(out):
         if not ids:
             raise ApiError(400, f"prompt {i} is empty", param="prompt")
-        if bad := [t for t in ids if not 0 <= t < state.backend.vocab_size]:
+        if bad := [t for t in ids if not 0 <= t < state.backend.facts.vocab_size]:
             raise ApiError(400, f"prompt {i} has token ids outside the vocabulary: {bad[:5]}", param="prompt")
     return out
 
@@ -188,16 +188,16 @@ async def completion_prompts(state: ServerState, req: CompletionRequest
                              ) -> tuple[SamplingParams, list[str | list[int]], list[list[int]], list[list[int]]]:
     """A completion request checked and tokenized: (params, prompts as sent, their full ids, the truncated ids);
     what the completion and render endpoints both start from."""
-    params = to_sampling_params(req, state.backend.vocab_size, state.sampling_defaults)
+    params = to_sampling_params(req, state.backend.facts.vocab_size, state.sampling_defaults)
     texts = split_prompts(req)
     check_sequences(len(texts), req.n, state.config.max_sequences_per_request)
-    max_model_len, limit = state.backend.max_model_len, state.config.max_logprob_entries
+    max_model_len, limit = state.backend.facts.max_model_len, state.config.max_logprob_entries
     params = clamp_lengths(params, max_model_len)
     param = "logprobs" if params.logprobs is not None else "prompt_logprobs"
     check_answer_size(params, max_model_len, limit, [None] * len(texts), req.n, param)  # before tokenizing
-    check_text(state.preparer.tokenizer, state.backend.max_model_len, (p for p in texts if isinstance(p, str)),
+    check_text(state.preparer.tokenizer, state.backend.facts.max_model_len, (p for p in texts if isinstance(p, str)),
                "prompt")
-    keep = truncation_length(req.truncate_prompt_tokens, state.backend.max_model_len)
+    keep = truncation_length(req.truncate_prompt_tokens, state.backend.facts.max_model_len)
     full = await asyncio.to_thread(prompt_ids, state, req, texts)
     kept = [truncate_ids(ids, keep) for ids in full]
     check_answer_size(params, max_model_len, limit, [len(ids) for ids in kept], req.n, param)

@@ -49,8 +49,8 @@ def _check(state: ServerState, req: GenerateRequest) -> None:
                        param="priority")
     if req.output_mode == "text" and not req.sampling_params.detokenize:
         raise ApiError(400, "output_mode \"text\" needs sampling_params.detokenize", param="output_mode")
-    if bad := [t for t in req.token_ids if not 0 <= t < state.backend.vocab_size]:
-        raise ApiError(400, f"token_ids outside the vocabulary [0, {state.backend.vocab_size}): {bad[:5]}",
+    if bad := [t for t in req.token_ids if not 0 <= t < state.backend.facts.vocab_size]:
+        raise ApiError(400, f"token_ids outside the vocabulary [0, {state.backend.facts.vocab_size}): {bad[:5]}",
                        param="token_ids")
 
 
@@ -135,9 +135,9 @@ async def _chunks(state: ServerState, req: GenerateRequest, prepared: VLMRequest
 
 async def generate_tokens(state: ServerState, req: GenerateRequest, request: Request, base_id: str):
     _check(state, req)
-    params = to_engine_params(req.sampling_params, state.backend.vocab_size)
+    params = to_engine_params(req.sampling_params, state.backend.facts.vocab_size)
     check_sequences(1, params.n, state.config.max_sequences_per_request)
-    max_model_len = state.backend.max_model_len
+    max_model_len = state.backend.facts.max_model_len
     params = clamp_lengths(params, max_model_len)
     param = "sampling_params." + ("logprobs" if params.logprobs is not None else "prompt_logprobs")
     check_answer_size(params, max_model_len, state.config.max_logprob_entries, [len(req.token_ids)], param=param)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from mm_infer.engine.control import Freeze
 from mm_infer.engine_core.heap_trim import IdleTrimmer
 from mm_infer.serving import EngineBackend
 from servers.openai.replies import ApiError
@@ -80,7 +81,7 @@ class PauseGate:
         self.mode = mode
         self._open.clear()
         count = len(self._inflight)
-        await self.engine.set_frozen(mode == "keep")
+        await self.engine.control(Freeze(mode == "keep"))
         if mode == "abort":
             await self._abort_inflight(None)
         elif mode == "wait":
@@ -104,7 +105,7 @@ class PauseGate:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         left = len(self._inflight)
-        await self.engine.set_frozen(False)
+        await self.engine.control(Freeze(False))
         await self._abort_inflight(reason)
         return left
 
@@ -141,6 +142,6 @@ class PauseGate:
             self._open.clear()
 
     async def resume(self) -> None:
-        await self.engine.set_frozen(False)
+        await self.engine.control(Freeze(False))
         self.mode = None
         self._open.set()

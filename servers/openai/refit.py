@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from mm_infer.engine.control import ResetCaches, UpdateWeights
 from mm_infer.rl.weights import TensorEntry, first_nonfinite, plan_refit, read_buckets
 from mm_infer.serving import EngineBackend
 from servers.openai.pause import PauseGate
@@ -60,7 +61,7 @@ class Refitter:
         buckets = 0
         reader = read_buckets(entries, bucket_bytes)
         while (bucket := await asyncio.to_thread(next, reader, None)) is not None:
-            await self.engine.update_weights(bucket, version)
+            await self.engine.control(UpdateWeights(bucket, version))
             buckets += 1
         return buckets
 
@@ -84,4 +85,4 @@ class Refitter:
 
     async def reset_caches(self) -> None:
         """Forget prefix KV and vision embeddings (running requests keep their own blocks)."""
-        await self.engine.reset_caches()
+        await self.engine.control(ResetCaches())

@@ -27,9 +27,10 @@ def server_info(state: ServerState, sleep: SleepControl) -> dict[str, Any]:
     """vLLM's /server_info keys that RL clients read, in its config_format=json shape, plus ours at the top."""
     cfg = state.config
     transfer = None if cfg.weight_transfer_backend is None else {"backend": cfg.weight_transfer_backend}
-    world = state.backend.transfer_world_size
+    facts = state.backend.facts
+    world = facts.transfer_world_size
     return {"vllm_config": {"weight_transfer_config": transfer,
-                            "model_config": {"model": cfg.model_dir, "max_model_len": state.backend.max_model_len},
+                            "model_config": {"model": cfg.model_dir, "max_model_len": facts.max_model_len},
                             "parallel_config": {"data_parallel_size": world, "tensor_parallel_size": 1,
                                                 "world_size": 1},
                             "enable_sleep_mode": cfg.enable_sleep_mode},
@@ -48,7 +49,7 @@ def add_rl_routes(app: FastAPI, state: ServerState, sleep: SleepControl) -> None
     @app.get("/get_world_size")
     async def get_world_size(include_dp: bool = True) -> dict[str, int]:
         """Engines that join a transfer group: one per replica (each is TP = PP = 1)."""
-        return {"world_size": state.backend.transfer_world_size if include_dp else 1}
+        return {"world_size": state.backend.facts.transfer_world_size if include_dp else 1}
 
     @app.post("/init_weight_transfer_engine")
     async def init_weight_transfer_engine(req: InitRequest) -> TransferReply:

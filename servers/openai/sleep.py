@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mm_infer.engine.sleep import TAGS, EngineAsleepError, SleepState
+from mm_infer.engine.control import Sleep, WakeUp
+from mm_infer.engine.sleep import TAGS
+from mm_infer.engine.sleep_state import EngineAsleepError, SleepState
 from mm_infer.serving import EngineBackend
 from servers.openai.pause import PauseGate
 from servers.openai.replies import ApiError
@@ -42,7 +44,7 @@ class SleepControl:
             await self.gate.pause(mode)  # type: ignore[arg-type]
             self._paused_here = True
         try:
-            state = await self.engine.sleep(level)
+            state = await self.engine.control(Sleep(level))
         except EngineAsleepError as e:
             await self._sync(self.engine.sleep_state)
             raise ApiError(409, str(e)) from None
@@ -53,7 +55,7 @@ class SleepControl:
         self._check_enabled()
         if tags is not None and (unknown := sorted(set(tags) - set(TAGS))):
             raise ApiError(400, f"unknown tags {unknown}: use {list(TAGS)}", param="tags")
-        state = await self.engine.wake_up(tags)
+        state = await self.engine.control(WakeUp(None if tags is None else tuple(tags)))
         await self._sync(state)
         return {"status": "sleeping" if state.is_sleeping else "awake", "tags": tags}
 

@@ -26,7 +26,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
             media_io_kwargs=req.media_io_kwargs)
     else:
         text = req.prompt or ""
-        check_text(state.preparer.tokenizer, state.backend.max_model_len, [text], "prompt")
+        check_text(state.preparer.tokenizer, state.backend.facts.max_model_len, [text], "prompt")
         ids = await asyncio.to_thread(state.preparer.renderer.encode, text, req.add_special_tokens)
         if not ids:  # vLLM counts an empty prompt as 0 tokens (generation would refuse it)
             return _response(state, req, [])
@@ -44,7 +44,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
 def _response(state: ServerState, req: TokenizeRequest, ids: list[int],
               placeholders: list[PlaceholderOut] | None = None) -> TokenizeResponse:
     pieces = token_pieces(state.preparer.tokenizer, ids) if req.return_token_strs else None
-    return TokenizeResponse(count=len(ids), max_model_len=state.backend.max_model_len, tokens=ids,
+    return TokenizeResponse(count=len(ids), max_model_len=state.backend.facts.max_model_len, tokens=ids,
                             token_strs=pieces, placeholders=placeholders or [])
 
 
@@ -61,6 +61,6 @@ def _frames(indices: tuple[int, ...] | None) -> list[int] | None:
 
 
 def detokenize(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:
-    if bad := [t for t in req.tokens if not 0 <= t < state.backend.vocab_size]:
+    if bad := [t for t in req.tokens if not 0 <= t < state.backend.facts.vocab_size]:
         raise ApiError(400, f"token ids outside the vocabulary: {bad[:5]}", param="tokens")
     return DetokenizeResponse(prompt=state.preparer.tokenizer.decode(req.tokens, skip_special_tokens=False))

@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from mm_infer.engine.weight_receiver import TransferFailedError, TransferInit, TransferUpdate, check_metas
-from mm_infer.rl.packing import TensorMeta, dtype_named
+from mm_infer.engine.control import CommitWeights, DiscardWeights, JoinTransfer, ReceiveWeights
 from mm_infer.serving import EngineBackend
+from mm_infer.transfer.packing import TensorMeta, dtype_named
+from mm_infer.transfer.receiver import TransferFailedError, TransferInit, TransferUpdate, check_metas
 from servers.openai.pause import PauseGate
 from servers.openai.replies import ApiError
 from servers.openai.sleep import SleepControl
@@ -88,7 +89,7 @@ class TransferSession:
         if self.backend == "nccl" and not torch.cuda.is_available():
             raise ApiError(400, "the nccl weight transfer backend needs CUDA; this server runs on CPU: start it with "
                            "--weight-transfer-config '{\"backend\": \"gloo\"}'")
-        engines = self.engine.transfer_world_size
+        engines = self.engine.facts.transfer_world_size
         if info.rank_offset + engines > info.world_size:
             raise ApiError(400, f"world_size {info.world_size} is too small: this server's {engines} engine(s) take "
                            f"ranks {info.rank_offset}..{info.rank_offset + engines - 1} (see /get_world_size)",
@@ -99,7 +100,7 @@ class TransferSession:
         init = TransferInit(self.backend, info.master_address, info.master_port, info.rank_offset, info.world_size,
                             info.packed, info.packed_buffer_size_bytes, info.packed_num_buffers, info.timeout_s)
         try:
-            await self.engine.init_weight_transfer(init)
+            await self.engine.control(JoinTransfer(init))
         except Exception as e:  # nobody at the address, a timeout, a rank clash
             self.last_error = f"{type(e).__name__}: {e}"
             raise ApiError(500, f"could not join the weight-transfer group at {info.master_address}:"
@@ -134,7 +135,8 @@ class TransferSession:
             await self._start()  # vLLM clients that skip /start_weight_update
         assert self.round is not None
         try:
-            count = await self.engine.receive_weights(TransferUpdate(metas, info.packed, info.packed_buffer_size_bytes))
+            count = await self.engine.control(ReceiveWeights(
+                TransferUpdate(metas, info.packed, info.packed_buffer_size_bytes)))
         except TransferFailedError as e:
             self.ready, self.last_error = False, str(e)
             await self._end_round()
@@ -154,7 +156,7 @@ class TransferSession:
                            "/update_weights first")
         new = self.engine.weight_version + 1 if version is None else version
         try:
-            count = await self.engine.commit_weights(new)
+            count, _ = await self.engine.control(CommitWeights(new))
         finally:
             await self._end_round(discard=False)
         await self.sleep.after_refit()
@@ -163,6 +165,6 @@ class TransferSession:
     async def _end_round(self, discard: bool = True) -> None:
         round_, self.round = self.round, None
         if discard:
-            await self.engine.discard_weights()
+            await self.engine.control(DiscardWeights())
         if round_ is not None and round_.paused_here and self.gate.mode == "wait":
             await self.gate.resume()

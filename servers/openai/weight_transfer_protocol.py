@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mm_infer.rl.packing import DEFAULT_BUFFER_BYTES, DEFAULT_NUM_BUFFERS
+from mm_infer.transfer.packing import DEFAULT_BUFFER_BYTES, DEFAULT_NUM_BUFFERS
 
 MAX_TIMEOUT_S = 3600.0  # the longest a rendezvous or one broadcast may be told to wait
 

@@ -15,6 +15,7 @@ from replica_cases import CKPT, COLOURS, OPTIONS, image_prompt, png, text_prompt
 from safetensors.torch import load_file
 
 from mm_infer.distributed import PoolConfig, ReplicaPool, generate_batch
+from mm_infer.engine.control import Freeze, ResetCaches, UpdateWeights
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.llm import LLM
 from mm_infer.media import MediaError
@@ -52,7 +53,7 @@ def test_each_replica_runs_in_its_own_process_on_its_own_core(pool):
     infos = [slot.info for slot in pool.supervisor.slots]
     assert len({i["pid"] for i in infos}) == 2
     assert [i["cpus"] for i in infos] == [[c] for c in sorted(os.sched_getaffinity(0))[:2]]
-    assert pool.max_model_len == OPTIONS["max_model_len"] and pool.is_alive
+    assert pool.facts.max_model_len == OPTIONS["max_model_len"] and pool.is_alive
 
 
 def test_outputs_through_the_pool_equal_one_local_engine(pool, local):
@@ -173,13 +174,13 @@ def test_freeze_fans_out_and_thaw_finishes_the_work(pool):
     params = SamplingParams(max_tokens=4, ignore_eos=True)
 
     async def frozen_then_thawed():
-        await pool.set_frozen(True)
+        await pool.control(Freeze(True))
         pending = [asyncio.ensure_future(final(pool, text_prompt(f"frozen {i}"), params, f"fz-{i}"))
                    for i in range(4)]
         await asyncio.sleep(0.6)
         stuck = not any(t.done() for t in pending)
         states = [ray.get(s.handle.ping.remote())["frozen"] for s in pool.supervisor.slots]
-        await pool.set_frozen(False)
+        await pool.control(Freeze(False))
         return stuck, states, await asyncio.gather(*pending)
 
     stuck, states, outs = run(frozen_then_thawed())
@@ -194,7 +195,7 @@ def test_refit_fans_out_and_each_replica_matches_a_local_refit(pool, local):
     prompts = [text_prompt(f"refit check {i}") for i in range(4)]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     try:
-        run(pool.update_weights(bucket, 7))
+        run(pool.control(UpdateWeights(bucket, 7)))
         assert pool.weight_version == 7
         assert [ray.get(s.handle.ping.remote())["weight_version"] for s in pool.supervisor.slots] == [7, 7]
         local.update_weights(bucket, version=7)
@@ -208,10 +209,10 @@ def test_refit_fans_out_and_each_replica_matches_a_local_refit(pool, local):
         assert all(o.extra["weight_version"] == 7 for o in outs)
         for got, ref in zip(outs, want, strict=True):
             assert got.outputs[0].token_ids == ref.outputs[0].token_ids
-        run(pool.reset_caches())
+        run(pool.control(ResetCaches()))
     finally:
         original = [(name, state[name])]
-        run(pool.update_weights(original, 8))
+        run(pool.control(UpdateWeights(original, 8)))
         local.update_weights(original, version=8)
     assert all(e.version == 8 for e in pool.supervisor.journal.since(-1)), "the overwritten refit was compacted"
     assert torch.equal(state[name], load_file(str(CKPT / "model.safetensors"))[name])
@@ -240,7 +241,7 @@ def test_a_refit_that_fails_on_the_replicas_is_forgotten_and_they_restart_on_the
     version, restarts = pool.weight_version, [s.restarts for s in pool.supervisor.slots]
     entries = list(pool.supervisor.journal.since(-1))
     with pytest.raises(Exception, match="no_such.weight"):
-        run(pool.update_weights([("model.no_such.weight", torch.zeros(3))], version + 1))
+        run(pool.control(UpdateWeights([("model.no_such.weight", torch.zeros(3))], version + 1)))
     assert pool.weight_version == version and pool.supervisor.journal.since(-1) == entries
     deadline = time.monotonic() + 120
     while [s.restarts for s in pool.supervisor.slots] != [r + 1 for r in restarts] or len(

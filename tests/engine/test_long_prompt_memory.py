@@ -52,7 +52,7 @@ def test_long_prompt_engine_peak_rss_is_linear():
     # catches: prefill scores [Hq, chunk, context] built whole (1.1 GiB here, 4.5 GiB at 16k tokens), or the
     # scheduler letting one request's chunk past max_num_batched_tokens
     tokens, budget = 9000, 4096
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/long_prompt_peak.py"), "--tokens", str(tokens),
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/bench/long_prompt_peak.py"), "--tokens", str(tokens),
                            "--max-num-batched-tokens", str(budget), "--prompt-logprobs", "1", "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=600, check=True)
     got = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -14,6 +14,7 @@ import torch
 
 from mm_infer import LLM, SamplingParams
 from mm_infer.distributed.errors import ReplicaUnavailableError
+from mm_infer.engine.control import Freeze, Sleep, UpdateWeights
 from mm_infer.engine.sampling import RequestOutputKind
 from mm_infer.engine_core import CoreProcessBackend, CoreStartupError
 from mm_infer.engine_core.core_client import core_options
@@ -189,10 +190,10 @@ def test_a_refit_and_a_pause_are_replayed_into_the_restarted_core(backend):
     before = run(collect(backend, prompt, greedy(6), "pre-refit", stream=False))[-1].outputs[0].token_ids
     name, param = next((n, p) for n, p in backend.reference_model.named_parameters() if n.endswith("lm_head.weight"))
     weight = torch.randn(param.shape, generator=torch.Generator().manual_seed(3))
-    run(backend.update_weights([(name, weight)], 7))
+    run(backend.control(UpdateWeights([(name, weight)], 7)))
     refit = run(collect(backend, prompt, greedy(6), "post-refit", stream=False))[-1].outputs[0].token_ids
     assert refit != before  # the refit changes the answer, so a restart that lost it would show
-    run(backend.set_frozen(True))
+    run(backend.control(Freeze(True)))
     pid = backend.pid
     backend.kill_core()
     wait_up(backend, pid)
@@ -202,7 +203,7 @@ def test_a_refit_and_a_pause_are_replayed_into_the_restarted_core(backend):
         task = asyncio.ensure_future(collect(backend, prompt, greedy(6), "replayed", stream=False))
         await asyncio.sleep(1.0)
         assert not task.done()  # still paused after the restart
-        await backend.set_frozen(False)
+        await backend.control(Freeze(False))
         return (await task)[-1].outputs[0].token_ids
 
     assert run(frozen_then_thawed()) == refit
@@ -210,7 +211,7 @@ def test_a_refit_and_a_pause_are_replayed_into_the_restarted_core(backend):
 
 def test_a_core_that_died_asleep_comes_back_awake_and_says_so(backend):
     # the bug: the backend kept the dead core's sleep state, so every request got 503 until a /wake_up
-    run(backend.sleep(1))
+    run(backend.control(Sleep(1)))
     assert backend.sleep_state.reason() is not None
     pid = backend.pid
     backend.kill_core()

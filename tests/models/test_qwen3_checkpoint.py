@@ -48,7 +48,7 @@ def test_tokenizer_and_template_are_the_tiny_ones():
 @pytest.mark.parametrize("kind", sorted(QWEN3))
 def test_generator_reproduces_the_committed_files(tmp_path, kind):
     preset = QWEN3[kind].name
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_checkpoint.py"), "--preset", preset,
+    subprocess.run([sys.executable, str(REPO / "scripts" / "assets" / "make_tiny_checkpoint.py"), "--preset", preset,
                     "--out", str(tmp_path)], check=True, capture_output=True)
     for name in ("model.safetensors", "config.json", "preprocessor_config.json", "video_preprocessor_config.json"):
         assert (tmp_path / name).read_bytes() == (QWEN3[kind] / name).read_bytes(), name

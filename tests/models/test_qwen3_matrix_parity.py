@@ -1,4 +1,4 @@
-"""scripts/parity.py (the fixed image / video / multi-turn suite) on tiny Qwen3-VL, dense and MoE: two of our servers
+"""scripts/peers/parity.py (fixed image / video / multi-turn suite) on tiny Qwen3-VL, dense and MoE: two of our servers
 agree bit for bit, and ours agrees with the HF transformers reference server (--start-hf) on ids and logprobs."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ OPTIONS = {"num_kv_blocks": 256, "max_model_len": 2048, "cpu_threads": 1}
 
 @pytest.fixture(scope="module")
 def parity() -> ModuleType:
-    return load_script("parity")
+    return load_script("peers.parity")
 
 
 @pytest.fixture(scope="module", params=sorted(QWEN3))

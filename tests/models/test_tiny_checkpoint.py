@@ -76,7 +76,7 @@ def test_generator_reproduces_the_committed_files(tmp_path):
     """Weights and configs are seeded; the BPE merges also depend on the stdlib text it trains on,
     so tokenizer.json is compared only under the Python minor version that wrote it (3.11)."""
     out = tmp_path / "tiny"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_checkpoint.py"), "--preset", "tiny-qwen2-vl",
+    subprocess.run([sys.executable, str(REPO / "scripts/assets/make_tiny_checkpoint.py"), "--preset", "tiny-qwen2-vl",
                     "--out", str(out)], check=True, capture_output=True)
     names = ["model.safetensors", "config.json", "tokenizer_config.json", "generation_config.json"]
     if sys.version_info[:2] == (3, 11):

@@ -1,4 +1,4 @@
-"""Parity fixtures: two live mm-infer servers, HF reference servers with options, and scripts/parity.py loaded."""
+"""Parity fixtures: two live mm-infer servers, HF reference servers with options, and scripts/peers/parity.py loaded."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from servers.openai.launch import BackgroundServer, free_port
 
 @pytest.fixture(scope="session")
 def parity() -> ModuleType:
-    return load_script("parity")
+    return load_script("peers.parity")
 
 
 def _ours() -> BackgroundServer:

@@ -1,4 +1,4 @@
-"""The vLLM differential suite (scripts/diff_vllm.py): its comparison finds each kind of difference and ignores how a
+"""The vLLM differential suite (scripts/peers/diff_vllm.py): its comparison finds each kind of difference, ignores how a
 stream was split, its allowlist explains only what it names, and, where the vLLM CPU peer is set up, a seeded sample
 of cases on the tiny checkpoint has no unexplained difference."""
 
@@ -9,10 +9,10 @@ from parity_cases import CKPT
 from peer_cases import needs_peer
 from script_modules import load_script
 
-diff_vllm = load_script("diff_vllm")
-cmp = load_script("diff_compare")
-cases = load_script("diff_cases")
-allow = load_script("diff_allowlist")
+diff_vllm = load_script("peers.diff_vllm")
+cmp = load_script("peers.diff_compare")
+cases = load_script("peers.diff_cases")
+allow = load_script("peers.diff_allowlist")
 
 CHAT = {"object": "chat.completion", "model": "tiny", "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "It is calm.", "reasoning": None},

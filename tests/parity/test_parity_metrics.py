@@ -1,4 +1,4 @@
-"""scripts/parity.py's metrics on hand-made replies: divergence, logprob errors, aggregation, notes, summary."""
+"""scripts/peers/parity.py's metrics on hand-made replies: divergence, logprob errors, aggregation, notes, summary."""
 
 from __future__ import annotations
 

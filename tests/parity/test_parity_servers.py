@@ -1,4 +1,4 @@
-"""scripts/parity.py against live servers: ours vs ours, ours vs the HF reference, and servers lacking extensions."""
+"""scripts/peers/parity.py on live servers: ours vs ours, ours vs the HF reference, and servers lacking extensions."""
 
 from __future__ import annotations
 

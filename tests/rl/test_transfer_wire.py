@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_infer.rl.nccl import UniqueId, dump_unique_id, load_unique_id
-from mm_infer.rl.packing import TensorMeta, chunk_plan, dtype_named, pack, packed_chunks, unpack
+from mm_infer.transfer.nccl import UniqueId, dump_unique_id, load_unique_id
+from mm_infer.transfer.packing import TensorMeta, chunk_plan, dtype_named, pack, packed_chunks, unpack
 
 VLLM_UID = Path(__file__).with_name("data") / "vllm_nccl_unique_id.pkl"  # pickle.dumps(vLLM's ncclUniqueId)
 

@@ -11,9 +11,11 @@ import httpx
 import pytest
 from transfer_cases import CKPT, ask, hf_greedy, report, run_trainer
 
-from mm_infer.engine.sleep import SleepState
-from mm_infer.engine.weight_receiver import TransferFailedError
+from mm_infer.engine.control import DiscardWeights, ReceiveWeights
+from mm_infer.engine.sleep_state import SleepState
 from mm_infer.rl.weight_transfer import WeightTransferClient
+from mm_infer.serving import BackendFacts
+from mm_infer.transfer.receiver import TransferFailedError
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
 from servers.openai.pause import PauseGate
@@ -142,7 +144,7 @@ def test_bad_update_info_is_a_400_naming_the_tensor_before_any_broadcast(server)
 class _Breaking:
     """An engine whose broadcast always breaks off (the 500 and the round's clean-up, without a trainer)."""
 
-    transfer_world_size, weight_version = 1, 4
+    facts, weight_version = BackendFacts(64, 100, 1), 4
 
     def __init__(self, reference) -> None:
         self.reference_model, self.discarded = reference, 0
@@ -150,11 +152,12 @@ class _Breaking:
     async def receive_weights(self, update) -> int:
         raise TransferFailedError("the broadcast broke off after 2 of 9 tensors (RuntimeError: peer gone)")
 
-    async def discard_weights(self) -> None:
-        self.discarded += 1
-
-    async def set_frozen(self, frozen: bool) -> None:
-        pass
+    async def control(self, op) -> object:
+        if isinstance(op, ReceiveWeights):
+            return await self.receive_weights(op.update)
+        if isinstance(op, DiscardWeights):
+            self.discarded += 1
+        return None
 
     sleep_state = SleepState()
 

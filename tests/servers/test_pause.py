@@ -195,7 +195,7 @@ def test_a_client_that_gives_up_while_paused_costs_nothing(server):
 
 def test_the_gate_hands_freed_heap_back_when_the_last_request_leaves():
     """The server keeps freed heap for its next burst; once idle it trims (at most once a second), so its RSS after a
-    burst falls back instead of reading as a leak (scripts/soak.py checks the server's RSS growth)."""
+    burst falls back instead of reading as a leak (scripts/soak/run.py checks the server's RSS growth)."""
     import asyncio
 
     from mm_infer.engine_core.heap_trim import IdleTrimmer

@@ -26,7 +26,7 @@ COMPACT = {"disable_any_whitespace": True}  # this untrained model would fill ma
 
 @pytest.fixture(scope="module")
 def http(tmp_path_factory) -> Iterator[httpx.Client]:
-    make = load_script("thinking_checkpoint").thinking_checkpoint
+    make = load_script("assets.thinking_checkpoint").thinking_checkpoint
     ckpt = make(CKPT, tmp_path_factory.mktemp("thinking") / "tiny-thinking")
     config = ServerConfig(model_dir=str(ckpt), port=free_port(), api_key=API_KEY, reasoning_parser="qwen3",
                           engine_options={"num_kv_blocks": 128, "max_model_len": 1024, "batch_invariant": True})

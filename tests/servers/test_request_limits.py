@@ -61,7 +61,7 @@ def test_ints_past_int64_are_a_400_naming_the_field(server, path, body, field):
 def test_counts_past_the_context_or_vocabulary_are_clamped_before_the_engine(server):
     """max_tokens / min_tokens past max_model_len are clamped to it, top_k past the vocabulary is off (vLLM's input
     batch): what reaches the engine always fits."""
-    vocab, max_len = server.state.backend.vocab_size, server.state.backend.max_model_len
+    vocab, max_len = server.state.backend.facts.vocab_size, server.state.backend.facts.max_model_len
     params = to_sampling_params(ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], top_k=10**9),
                                 vocab)
     assert params.top_k == 0

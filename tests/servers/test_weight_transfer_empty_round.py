@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from mm_infer.engine.sleep import SleepState
+from mm_infer.engine.control import ControlOp, DiscardWeights
+from mm_infer.engine.sleep_state import SleepState
+from mm_infer.serving import BackendFacts
 from servers.openai.pause import PauseGate
 from servers.openai.replies import ApiError
 from servers.openai.sleep import SleepControl
@@ -16,17 +18,15 @@ from servers.openai.weight_transfer import TransferSession
 class _Engine:
     """Just enough engine for a round that receives nothing."""
 
-    transfer_world_size, weight_version = 1, 3
+    facts, weight_version = BackendFacts(64, 100, 1), 3
     sleep_state = SleepState()
 
     def __init__(self) -> None:
         self.discarded = 0
 
-    async def discard_weights(self) -> None:
-        self.discarded += 1
-
-    async def set_frozen(self, frozen: bool) -> None:
-        pass
+    async def control(self, op: ControlOp) -> None:
+        if isinstance(op, DiscardWeights):
+            self.discarded += 1
 
 
 def test_finishing_a_round_that_received_nothing_is_a_409_and_the_server_serves_again() -> None:
