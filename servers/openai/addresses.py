@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 
 # IPv6 ranges Python's `is_global` lets through but that reach private space or embed an IPv4 address.
 # The embedding ones are refused outright rather than judged by the IPv4 address inside them: no public

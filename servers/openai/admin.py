@@ -6,9 +6,10 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from servers.openai.errors import ApiError
 from servers.openai.protocol import PAUSE_MODES, PauseMode, PauseRequest, UpdateWeightsFromDiskRequest
 from servers.openai.refit import Refitter
-from servers.openai.replies import ApiError, PauseStatus, UpdateWeightsResponse, WeightVersion
+from servers.openai.replies import PauseStatus, UpdateWeightsResponse, WeightVersion
 from servers.openai.rl_routes import add_rl_routes
 from servers.openai.sleep import SleepControl
 from servers.openai.state import ServerState

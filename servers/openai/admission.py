@@ -9,7 +9,7 @@ from functools import cache
 from typing import Any
 
 from mm_infer.engine.sampling import SamplingParams
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024

@@ -16,18 +16,13 @@ from servers.openai.abort import add_abort_routes, base_request_id
 from servers.openai.admin import add_admin_routes
 from servers.openai.chat import create_chat_completion
 from servers.openai.completions import create_completion
+from servers.openai.errors import ApiError, error_response, validation_error
 from servers.openai.generate import generate_tokens
 from servers.openai.generate_protocol import GenerateRequest
 from servers.openai.middleware import ServerMiddleware, log_error
 from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from servers.openai.render import render_chat, render_completion
-from servers.openai.replies import (
-    ApiError,
-    ModelCard,
-    ModelList,
-    error_response,
-    validation_error,
-)
+from servers.openai.replies import ModelCard, ModelList
 from servers.openai.responses_api.endpoint import create_response
 from servers.openai.responses_api.protocol import ResponsesRequest
 from servers.openai.state import ServerState

@@ -26,33 +26,15 @@ from servers.openai.admission import (
     message_texts,
     text_char_limit,
 )
+from servers.openai.errors import ApiError
 from servers.openai.json_out import compact, json_answer, sse
+from servers.openai.logprobs import CONTEXT_TOKENS, chat_logprobs, json_logprobs, prompt_logprobs, running_usage, usage
 from servers.openai.messages import parse_messages
-from servers.openai.outputs import (
-    CONTEXT_TOKENS,
-    Delta,
-    OutputStream,
-    Parsed,
-    ParsedToolCall,
-    chat_logprobs,
-    json_logprobs,
-    prompt_logprobs,
-    reasoning_tokens,
-    running_usage,
-    usage,
-)
+from servers.openai.output_parsers import Delta, OutputStream, Parsed, ParsedToolCall, reasoning_tokens
 from servers.openai.prompt_limits import check_media_counts, truncate_prompt, truncation_length
-from servers.openai.protocol import (
-    ChatCompletionRequest,
-    ChatMessage,
-    TextPart,
-    Tool,
-    check_tool_choice,
-    to_sampling_params,
-)
+from servers.openai.protocol import ChatCompletionRequest, ChatMessage, TextPart, Tool
 from servers.openai.replies import (
     SYSTEM_FINGERPRINT,
-    ApiError,
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -65,6 +47,7 @@ from servers.openai.replies import (
     Usage,
     prompt_media,
 )
+from servers.openai.sampling_params import check_tool_choice, to_sampling_params
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,

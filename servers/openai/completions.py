@@ -16,8 +16,9 @@ from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.engine.sampling import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_answer_size, check_sequences, check_text, clamp_lengths
+from servers.openai.errors import ApiError
 from servers.openai.json_out import JsonBody, compact
-from servers.openai.outputs import (
+from servers.openai.logprobs import (
     completion_logprobs,
     echo_logprobs,
     join_logprobs,
@@ -26,15 +27,9 @@ from servers.openai.outputs import (
     usage,
 )
 from servers.openai.prompt_limits import truncate_ids, truncation_length
-from servers.openai.protocol import CompletionRequest, to_sampling_params
-from servers.openai.replies import (
-    SYSTEM_FINGERPRINT,
-    ApiError,
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionResponse,
-    Usage,
-)
+from servers.openai.protocol import CompletionRequest
+from servers.openai.replies import SYSTEM_FINGERPRINT, CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
+from servers.openai.sampling_params import to_sampling_params
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,

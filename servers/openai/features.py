@@ -17,9 +17,10 @@ from mm_infer.media.cache import ByteLRU
 from mm_infer.media.packed import PackedTensor
 from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, norm_table
 from mm_infer.prompt.request import MediaItem, VLMRequest
+from servers.openai.errors import ApiError
 from servers.openai.generate_protocol import MODALITIES, MultiModalFeatures, PlaceholderRangeInfo
 from servers.openai.media import media_client_scope
-from servers.openai.replies import ApiError, prompt_media
+from servers.openai.replies import prompt_media
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "uint8": torch.uint8}
 

@@ -13,6 +13,7 @@ from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
 from servers.openai.admission import check_answer_size, check_sequences, clamp_lengths
+from servers.openai.errors import ApiError, from_exception
 from servers.openai.features import check_placeholders, item_spans, resolve_items
 from servers.openai.generate_protocol import (
     GenerateChoice,
@@ -25,8 +26,8 @@ from servers.openai.generate_protocol import (
     to_engine_params,
 )
 from servers.openai.json_out import JsonBody, compact
-from servers.openai.outputs import json_logprob, usage
-from servers.openai.replies import ApiError, Usage, from_exception
+from servers.openai.logprobs import json_logprob, usage
+from servers.openai.replies import Usage
 from servers.openai.state import ServerState
 from servers.openai.streaming import (
     ClosingStreamingResponse,

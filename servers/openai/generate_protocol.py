@@ -9,8 +9,10 @@ from pydantic import BaseModel, Field, model_validator
 
 from mm_infer.engine.sampling import LOGPROBS_MODES, RequestOutputKind, SamplingParams
 from servers.openai.admission import check_logit_bias, check_stops
-from servers.openai.protocol import INT64_MAX, StreamOptions, Strict, top_k_within
-from servers.openai.replies import ApiError, PromptMediaOut, Usage
+from servers.openai.errors import ApiError
+from servers.openai.protocol import INT64_MAX, StreamOptions, Strict
+from servers.openai.replies import PromptMediaOut, Usage
+from servers.openai.sampling_params import top_k_within
 
 MODALITIES = ("image", "video")
 

@@ -13,10 +13,10 @@ from mm_infer.prompt.media import MediaDefaults
 from mm_infer.prompt.request import MediaItem, items_from_packed
 from servers.openai.addresses import is_public_address
 from servers.openai.config import MediaCaps
+from servers.openai.errors import ApiError
 from servers.openai.media_fetch import MediaFetcher
 from servers.openai.media_options import MediaOptions, media_options
 from servers.openai.messages import MediaRef
-from servers.openai.replies import ApiError
 
 __all__ = ["MediaFetcher", "MediaOptions", "MediaResolver", "is_public_address", "media_client_scope"]
 

@@ -15,8 +15,8 @@ from mm_infer.media.limits import MediaLimits
 from mm_infer.media.sources import decode_data_url
 from servers.openai.addresses import check_host_form, is_public_address
 from servers.openai.config import FetchConfig
+from servers.openai.errors import ApiError
 from servers.openai.media_files import read_media_file
-from servers.openai.replies import ApiError
 
 INLINE_DATA_URL_CHARS = 1 << 16  # base64 data URLs up to this long decode on the event loop, longer ones on a thread
 

@@ -9,7 +9,7 @@ from typing import Any
 from mm_infer.media.frame_sampling import SAMPLERS, VLLM_MAX_FPS
 from mm_infer.prompt.media import MediaDefaults
 from servers.openai.config import MediaCaps
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 
 IMAGE_KEYS = frozenset({"min_pixels", "max_pixels"})
 VIDEO_KEYS = frozenset({"fps", "num_frames", "video_min_pixels", "video_max_pixels", "total_pixels",

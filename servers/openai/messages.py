@@ -6,15 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from servers.openai.protocol import (
-    ChatMessage,
-    ImageURLPart,
-    InputImagePart,
-    InputVideoPart,
-    TextPart,
-    VideoURLPart,
-)
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
+from servers.openai.protocol import ChatMessage, ImageURLPart, InputImagePart, InputVideoPart, TextPart, VideoURLPart
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from servers.openai.errors import ApiError, error_body, from_exception
 from servers.openai.media import media_client_scope
 from servers.openai.metrics import Metrics
-from servers.openai.replies import ApiError, error_body, from_exception
 
 log = logging.getLogger("mm_infer.server")
 

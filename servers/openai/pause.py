@@ -11,7 +11,7 @@ from typing import Literal
 from mm_infer.engine.control import Freeze
 from mm_infer.engine_core.heap_trim import IdleTrimmer
 from mm_infer.serving import EngineBackend
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 
 PauseMode = Literal["abort", "wait", "keep"]
 

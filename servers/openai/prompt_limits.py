@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.placeholders import PlaceholderIds, find_pad_runs
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 
 
 def check_media_counts(kinds: Iterable[str], limits: dict[str, int] | None) -> None:

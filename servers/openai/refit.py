@@ -9,8 +9,8 @@ from pathlib import Path
 from mm_infer.engine.control import ResetCaches, UpdateWeights
 from mm_infer.rl.weights import TensorEntry, first_nonfinite, plan_refit, read_buckets
 from mm_infer.serving import EngineBackend
+from servers.openai.errors import ApiError
 from servers.openai.pause import PauseGate
-from servers.openai.replies import ApiError
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 

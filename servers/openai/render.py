@@ -10,10 +10,10 @@ from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
 from servers.openai.chat import chat_request_prompt
 from servers.openai.completions import completion_prompts
+from servers.openai.errors import ApiError, from_exception
 from servers.openai.features import features_of
 from servers.openai.generate_protocol import GenerateRequest, GenerateSampling, from_engine_params
 from servers.openai.protocol import ChatCompletionRequest, CompletionRequest
-from servers.openai.replies import ApiError, from_exception
 from servers.openai.state import ServerState
 
 

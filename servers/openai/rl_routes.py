@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query
 
 import mm_infer
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 from servers.openai.sleep import SleepControl
 from servers.openai.state import ServerState
 from servers.openai.weight_transfer import TransferSession

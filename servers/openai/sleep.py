@@ -8,8 +8,8 @@ from mm_infer.engine.control import Sleep, WakeUp
 from mm_infer.engine.sleep import TAGS
 from mm_infer.engine.sleep_state import EngineAsleepError, SleepState
 from mm_infer.serving import EngineBackend
+from servers.openai.errors import ApiError
 from servers.openai.pause import PauseGate
-from servers.openai.replies import ApiError
 
 SLEEP_MODES = ("abort", "wait")  # "keep" would hold requests whose KV the sleep frees
 

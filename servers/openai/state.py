@@ -16,7 +16,7 @@ from servers.openai.features import FeatureStore
 from servers.openai.generation_defaults import load_generation_defaults, log_generation_defaults
 from servers.openai.media import MediaFetcher, MediaResolver
 from servers.openai.metrics import Metrics, Reading
-from servers.openai.outputs import OutputParser, build_output_parser
+from servers.openai.output_parsers import OutputParser, build_output_parser
 from servers.openai.pause import PauseGate
 
 

@@ -17,11 +17,12 @@ from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
 from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
+from servers.openai.errors import ApiError, error_body, from_exception
 from servers.openai.json_out import sse  # noqa: F401  (re-exported: the endpoints' SSE encoder)
+from servers.openai.logprobs import json_logprobs, usage
 from servers.openai.middleware import log_error
-from servers.openai.outputs import json_logprobs, usage
 from servers.openai.pause import Ticket
-from servers.openai.replies import ApiError, Usage, error_body, from_exception
+from servers.openai.replies import Usage
 from servers.openai.state import ServerState
 from servers.openai.structured import grammar_after_reasoning
 

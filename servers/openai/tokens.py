@@ -8,8 +8,9 @@ from typing import Any
 from mm_infer.prompt.inputs import PromptInput
 from servers.openai.admission import check_text
 from servers.openai.chat import build_chat_prompt
+from servers.openai.errors import ApiError, from_exception
 from servers.openai.protocol import DetokenizeRequest, TokenizeRequest
-from servers.openai.replies import ApiError, DetokenizeResponse, PlaceholderOut, TokenizeResponse, from_exception
+from servers.openai.replies import DetokenizeResponse, PlaceholderOut, TokenizeResponse
 from servers.openai.state import ServerState
 
 

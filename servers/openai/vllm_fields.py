@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs: the most alternatives per token, generated or prompt
 

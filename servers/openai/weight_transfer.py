@@ -17,8 +17,8 @@ from mm_infer.engine.control import CommitWeights, DiscardWeights, JoinTransfer,
 from mm_infer.serving import EngineBackend
 from mm_infer.transfer.packing import TensorMeta, dtype_named
 from mm_infer.transfer.receiver import TransferFailedError, TransferInit, TransferUpdate, check_metas
+from servers.openai.errors import ApiError
 from servers.openai.pause import PauseGate
-from servers.openai.replies import ApiError
 from servers.openai.sleep import SleepControl
 from servers.openai.weight_transfer_protocol import InitInfo, UpdateInfo
 

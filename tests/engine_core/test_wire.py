@@ -61,7 +61,7 @@ def test_an_engine_failed_request_crosses_with_its_status_and_text():
     """RequestFailedError does not rebuild from its args (Ray's UnserializableException): what crosses instead
     answers the same 400 body."""
     from mm_infer.engine.errors import NONFINITE_PARAMS, RequestFailedError
-    from servers.openai.replies import from_exception
+    from servers.openai.errors import from_exception
 
     err = RequestFailedError(NONFINITE_PARAMS)
     back = pickle.loads(pickle.dumps(wire.portable_error(err)))

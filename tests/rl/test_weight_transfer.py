@@ -17,9 +17,9 @@ from mm_infer.rl.weight_transfer import WeightTransferClient
 from mm_infer.serving import BackendFacts
 from mm_infer.transfer.receiver import TransferFailedError
 from servers.openai.config import ServerConfig
+from servers.openai.errors import ApiError
 from servers.openai.launch import BackgroundServer, free_port
 from servers.openai.pause import PauseGate
-from servers.openai.replies import ApiError
 from servers.openai.sleep import SleepControl
 from servers.openai.weight_transfer import TransferSession
 from servers.openai.weight_transfer_protocol import InitInfo, UpdateInfo

@@ -10,7 +10,7 @@ from test_errors import assert_error, chat, post
 from mm_infer.engine.sampling import SamplingParams
 from servers.cli import parse_args, server_config
 from servers.openai.admission import check_answer_size
-from servers.openai.replies import ApiError
+from servers.openai.errors import ApiError
 
 CAP = "--max-logprob-entries"
 

@@ -20,8 +20,8 @@ from server_cases import CKPT
 
 from mm_infer.engine.errors import NONFINITE_MODEL, NONFINITE_PARAMS
 from servers.openai.config import ServerConfig
+from servers.openai.errors import error_body
 from servers.openai.launch import BackgroundServer, free_port
-from servers.openai.replies import error_body
 
 OPTIONS = {"num_kv_blocks": 64, "max_model_len": 256, "cpu_threads": 1}
 BACKENDS = {"thread": {"engine_core": "thread"}, "process": {"engine_core": "process"}, "replicas": {"replicas": 2}}

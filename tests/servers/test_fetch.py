@@ -15,8 +15,8 @@ from server_cases import MEDIA
 from mm_infer.media import MediaDecodeError, MediaTooLargeError
 from servers.openai import media_fetch
 from servers.openai.config import FetchConfig
+from servers.openai.errors import ApiError
 from servers.openai.media import MediaFetcher, is_public_address
-from servers.openai.replies import ApiError
 
 PHOTO = (MEDIA / "images" / "photo.png").read_bytes()
 

@@ -13,9 +13,9 @@ import pytest
 from server_cases import API_KEY
 from test_errors import AUTH, assert_error, b64, chat, image, post
 
+from servers.openai.logprobs import LOGPROB_FLOOR
 from servers.openai.metrics import Metrics
 from servers.openai.middleware import ServerMiddleware
-from servers.openai.outputs import LOGPROB_FLOOR
 
 
 class _Records(logging.Handler):

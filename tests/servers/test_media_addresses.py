@@ -8,8 +8,8 @@ import pytest
 
 from servers.openai.addresses import check_host_form
 from servers.openai.config import FetchConfig
+from servers.openai.errors import ApiError
 from servers.openai.media import MediaFetcher, is_public_address
-from servers.openai.replies import ApiError
 
 
 @pytest.mark.parametrize("address", [

@@ -11,8 +11,8 @@ import pytest
 
 from mm_infer.media import MediaTooLargeError
 from servers.openai.config import FetchConfig
+from servers.openai.errors import ApiError
 from servers.openai.media import MediaFetcher
-from servers.openai.replies import ApiError
 
 
 def fetch(config: FetchConfig, url: str) -> bytes:

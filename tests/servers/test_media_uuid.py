@@ -13,9 +13,9 @@ from mm_infer.media import MediaProcessor
 from mm_infer.prompt.media import MediaDefaults
 from mm_infer.prompt.request import MediaItem
 from servers.openai.config import FetchConfig, MediaCaps
+from servers.openai.errors import ApiError
 from servers.openai.media import MediaFetcher, MediaResolver, media_client_scope
 from servers.openai.messages import MediaRef
-from servers.openai.replies import ApiError
 
 PHOTO = data_url(MEDIA / "images" / "photo.png", "image/png")
 GRAY = data_url(MEDIA / "images" / "gray.png", "image/png")

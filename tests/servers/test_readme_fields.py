@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from servers.openai.errors import ApiError
 from servers.openai.media_options import media_io_video
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, to_sampling_params
-from servers.openai.replies import ApiError
+from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from servers.openai.responses_api.build import _check_supported
 from servers.openai.responses_api.protocol import ResponsesRequest
+from servers.openai.sampling_params import to_sampling_params
 
 README = Path(__file__).resolve().parents[2] / "servers" / "openai" / "README.md"
 MODELS: dict[str, type[BaseModel]] = {"chat": ChatCompletionRequest, "compl.": CompletionRequest,

@@ -11,7 +11,8 @@ from server_cases import MEDIA, data_url
 from test_errors import assert_error, chat, post
 
 from servers.openai.admission import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS
-from servers.openai.protocol import ChatCompletionRequest, to_sampling_params
+from servers.openai.protocol import ChatCompletionRequest
+from servers.openai.sampling_params import to_sampling_params
 
 INT70 = 2**70
 

@@ -6,9 +6,9 @@ import pytest
 from pydantic import TypeAdapter
 
 from mm_infer.engine.outputs import CompletionOutput
+from servers.openai.errors import ApiError
 from servers.openai.messages import parse_messages
-from servers.openai.outputs import Parsed, ParsedToolCall
-from servers.openai.replies import ApiError
+from servers.openai.output_parsers import Parsed, ParsedToolCall
 from servers.openai.responses_api.build import output_items
 from servers.openai.responses_api.inputs import to_chat_messages
 from servers.openai.responses_api.protocol import InputItem

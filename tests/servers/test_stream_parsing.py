@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from mm_infer.engine.outputs import CompletionOutput
 from servers.openai.chat import _delta, _Sent
-from servers.openai.outputs import build_output_parser
+from servers.openai.output_parsers import build_output_parser
 from servers.openai.protocol import ChatCompletionRequest
 from servers.openai.replies import ChatChunkChoice
 

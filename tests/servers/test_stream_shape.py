@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.chat import _delta, _Sent, chat_response
-from servers.openai.outputs import build_output_parser
+from servers.openai.output_parsers import build_output_parser
 from servers.openai.protocol import ChatCompletionRequest
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

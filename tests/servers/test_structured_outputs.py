@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from servers.openai.outputs import OutputParser
+from servers.openai.output_parsers import OutputParser
 from servers.openai.protocol import ChatCompletionRequest
 from servers.openai.structured import request_parser
 

@@ -15,7 +15,8 @@ from server_cases import API_KEY, CKPT, SMALL
 from servers.openai.config import ServerConfig
 from servers.openai.generation_defaults import load_generation_defaults, log_generation_defaults
 from servers.openai.launch import BackgroundServer, free_port
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, to_sampling_params
+from servers.openai.protocol import ChatCompletionRequest, CompletionRequest
+from servers.openai.sampling_params import to_sampling_params
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TEMPLATE = "{% for m in messages %}S:{{ m.content }};{% endfor %}"

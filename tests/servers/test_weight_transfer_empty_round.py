@@ -9,8 +9,8 @@ import pytest
 from mm_infer.engine.control import ControlOp, DiscardWeights
 from mm_infer.engine.sleep_state import SleepState
 from mm_infer.serving import BackendFacts
+from servers.openai.errors import ApiError
 from servers.openai.pause import PauseGate
-from servers.openai.replies import ApiError
 from servers.openai.sleep import SleepControl
 from servers.openai.weight_transfer import TransferSession
 

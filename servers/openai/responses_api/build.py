@@ -8,9 +8,11 @@ from typing import Any
 
 from mm_infer.engine.outputs import CompletionOutput, RequestOutput
 from servers.openai.chat import parse_with_span, prompt_opens_reasoning, reasoning_usage
-from servers.openai.outputs import Parsed, chat_logprobs, json_logprobs, usage
+from servers.openai.errors import ApiError
+from servers.openai.logprobs import chat_logprobs, json_logprobs, usage
+from servers.openai.output_parsers import Parsed
 from servers.openai.protocol import ChatCompletionRequest, FunctionDef, NamedToolChoice, Tool
-from servers.openai.replies import ApiError, TokenLogprob
+from servers.openai.replies import TokenLogprob
 from servers.openai.responses_api.inputs import to_chat_messages
 from servers.openai.responses_api.objects import (
     OutputFunctionCall,
@@ -24,7 +26,7 @@ from servers.openai.responses_api.objects import (
 )
 from servers.openai.responses_api.protocol import ResponsesRequest
 from servers.openai.state import ServerState
-from servers.openai.structured import JsonSchemaSpec, ResponseFormat
+from servers.openai.structured_fields import JsonSchemaSpec, ResponseFormat
 
 
 @dataclass

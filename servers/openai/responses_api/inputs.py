@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from servers.openai.errors import ApiError
 from servers.openai.protocol import ChatMessage, TextPart, ToolCall, ToolCallFunction
-from servers.openai.replies import ApiError
 from servers.openai.responses_api.protocol import (
     AssistantItem,
     FunctionCallItem,

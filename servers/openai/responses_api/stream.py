@@ -9,10 +9,10 @@ from pydantic import BaseModel
 
 from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
 from servers.openai.chat import chat_stream, prompt_opens_reasoning
+from servers.openai.errors import from_exception
 from servers.openai.json_out import named_sse
-from servers.openai.outputs import Delta, OutputStream
+from servers.openai.output_parsers import Delta, OutputStream
 from servers.openai.protocol import ChatCompletionRequest
-from servers.openai.replies import from_exception
 from servers.openai.responses_api.build import ItemIds, finish_response
 from servers.openai.responses_api.objects import OutputMessage, OutputReasoning, ResponseObject
 from servers.openai.state import ServerState
