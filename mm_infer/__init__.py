@@ -14,10 +14,10 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LLM": "mm_infer.llm",
-    "SamplingParams": "mm_infer.engine.sampling",
+    "SamplingParams": "mm_infer.engine.sampling.params",
     "StructuredOutputsParams": "mm_infer.structured.params",
-    "RequestOutput": "mm_infer.engine.outputs",
-    "CompletionOutput": "mm_infer.engine.outputs",
+    "RequestOutput": "mm_infer.engine.outputs.request_output",
+    "CompletionOutput": "mm_infer.engine.outputs.request_output",
     "LLMEngine": "mm_infer.engine.engine",
     "AsyncEngine": "mm_infer.engine.async_engine",
 }

@@ -9,10 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import SamplingParams
-
-Prompt = str | Mapping[str, Any]
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.sampling.params import SamplingParams
+from mm_infer.prompt.preparer import Prompt
 
 
 def pair_prompts(prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None
@@ -92,13 +91,13 @@ class LLM:
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep: level 1 frees the KV pool and encoder cache and offloads the weights to host memory;
         level 2 discards the weights too (wake_up, then update_weights every weight, before generating)."""
-        from mm_infer.engine.sleep import sleep
+        from mm_infer.engine.control.sleep import sleep
 
         sleep(self.engine, level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Bring back what `tags` names: "weights", "kv_cache" (default: both)."""
-        from mm_infer.engine.sleep import wake_up
+        from mm_infer.engine.control.sleep import wake_up
 
         wake_up(self.engine, tags)
 

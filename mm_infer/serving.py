@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from mm_infer.engine.async_engine import AsyncEngine
-from mm_infer.engine.control import ControlOp, EngineControl
+from mm_infer.engine.control.ops import ControlOp, EngineControl
+from mm_infer.engine.control.sleep_state import SleepState
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.sleep_state import SleepState
-from mm_infer.prompt.inputs import PromptInput
-from mm_infer.prompt.preparer import PromptPreparer
-from mm_infer.prompt.request import VLMRequest
-
-Prompt = str | Mapping[str, Any] | PromptInput | VLMRequest
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.sampling.params import SamplingParams
+from mm_infer.prompt.preparer import Prompt, PromptPreparer
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ class EngineBackend(Protocol):
         ...
     def abort(self, request_id: str) -> None: ...
     async def control(self, op: ControlOp) -> Any:
-        """Apply `op` on every engine (engine/control.py says what each returns; a pool answers with the first
+        """Apply `op` on every engine (engine/control/ops.py says what each returns; a pool answers with the first
         engine's result, or the least count)."""
         ...
     def engine_gauges(self) -> dict[str, float]: ...
@@ -72,7 +68,7 @@ class MetaReference:
     @property
     def reference_model(self) -> torch.nn.Module:
         if self._reference is None:
-            from mm_infer.models.qwen2_vl import QwenVLModel
+            from mm_infer.models.qwen_vl import QwenVLModel
 
             with torch.device("meta"):
                 self._reference = QwenVLModel(self.preparer.model_config)
@@ -132,24 +128,3 @@ class LocalBackend:
 
     def shutdown(self) -> None:
         self.async_engine.shutdown()
-
-
-class DeltaTracker:
-    """Turns one request's cumulative outputs into DELTA outputs (for backends whose transport sends snapshots)."""
-
-    def __init__(self) -> None:
-        self._sent: dict[int, tuple[int, int]] = {}  # sample index -> (tokens, characters) already sent
-
-    def delta(self, out: RequestOutput) -> RequestOutput:
-        outputs = []
-        for c in out.outputs:
-            tokens, chars = self._sent.get(c.index, (0, 0))
-            outputs.append(CompletionOutput(
-                c.index, c.text[chars:], c.token_ids[tokens:], c.logprobs[tokens:], c.finish_reason, c.stop_reason,
-                None if c.top_logprobs is None else c.top_logprobs[tokens:], c.cumulative_logprob))
-            self._sent[c.index] = (len(c.token_ids), len(c.text))
-        return replace(out, outputs=outputs)
-
-
-def wants_deltas(params: SamplingParams | None) -> bool:
-    return params is not None and params.output_kind is RequestOutputKind.DELTA

@@ -1,1 +1,1 @@
-"""Qwen2-VL vision ops, one per module (Triton kernel + launcher + torch reference); importing needs no triton."""
+"""GPU kernels, one per module (Triton kernel, launcher, torch reference): vision ops and paged LM attention."""

@@ -7,8 +7,8 @@ import itertools
 from collections.abc import Sequence
 
 from mm_infer.distributed.pool import ReplicaPool
-from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.llm import Prompt, pair_prompts, prepare_all
 
 _batch_ids = itertools.count()

@@ -1,18 +1,19 @@
-"""latest_only: forward the newest item of an async stream at most once per interval (snapshots are cumulative)."""
+"""coalesced: forward an async stream of deltas at most once per interval, joining the deltas that wait meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
-async def latest_only(source: AsyncIterator[T], min_interval_s: float) -> AsyncIterator[T]:
-    """Yield source's newest item, skipping ones overtaken within `min_interval_s`; the last item is always
-    yielded and source errors are re-raised. Closing this iterator cancels the source (which aborts it)."""
-    latest: list[T] = []  # at most one pending item
+async def coalesced(source: AsyncIterator[T], min_interval_s: float, join: Callable[[T, T], T]) -> AsyncIterator[T]:
+    """Yield source's items, those that arrive within `min_interval_s` of the last yield joined into one
+    (`join(older, newer)`); nothing is dropped, the last item always goes out and source errors are re-raised after
+    the items before them. Closing this iterator cancels the source (which aborts it)."""
+    pending: list[T] = []  # at most one joined item
     ready = asyncio.Event()
     done = False
     error: BaseException | None = None
@@ -21,7 +22,7 @@ async def latest_only(source: AsyncIterator[T], min_interval_s: float) -> AsyncI
         nonlocal done, error
         try:
             async for item in source:
-                latest[:] = [item]
+                pending[:] = [join(pending[0], item)] if pending else [item]
                 ready.set()
         except Exception as exc:
             error = exc
@@ -34,10 +35,9 @@ async def latest_only(source: AsyncIterator[T], min_interval_s: float) -> AsyncI
         while True:
             await ready.wait()
             ready.clear()
-            if latest:
-                item = latest.pop()
-                yield item
-            if done and not latest:
+            if pending:
+                yield pending.pop()
+            if done and not pending:
                 if error is not None:
                     raise error
                 return
@@ -46,4 +46,3 @@ async def latest_only(source: AsyncIterator[T], min_interval_s: float) -> AsyncI
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-

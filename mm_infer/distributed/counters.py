@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mm_infer.engine.request_stats import PREFIX
+from mm_infer.engine.outputs.request_stats import PREFIX
 
 # engine stats() keys that only grow over one engine's life (and every key of vLLM's series, starting with PREFIX)
 COUNTER_KEYS = ("prefix_query_tokens", "prefix_hit_tokens", "encoder_cache_hits", "encoder_calls", "preemptions")

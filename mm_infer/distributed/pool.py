@@ -19,14 +19,15 @@ from mm_infer.distributed.pool_control import PoolControl
 from mm_infer.distributed.router import Router, affinity_key
 from mm_infer.distributed.slots import PoolConfig
 from mm_infer.distributed.supervisor import Supervisor
-from mm_infer.engine.control import ControlOp
-from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.sleep_state import SleepState
+from mm_infer.engine.control.ops import ControlOp
+from mm_infer.engine.control.sleep_state import SleepState
+from mm_infer.engine.outputs.edge import OutputEdge, wire_kind
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import VLMRequest
-from mm_infer.serving import BackendFacts, DeltaTracker, MetaReference, engine_gauges, wants_deltas
+from mm_infer.serving import BackendFacts, MetaReference, engine_gauges
 
 
 def ensure_ray(config: PoolConfig) -> bool:
@@ -109,14 +110,15 @@ class ReplicaPool(MetaReference):
     async def generate(self, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest, params: SamplingParams | None,
                        request_id: str, affinity: str | None = None, stream: bool = True
                        ) -> AsyncIterator[RequestOutput]:
-        """Snapshots of one request from the replica it was routed to (without `stream`: the final one only, from
-        one plain actor call). A replica that dies under it ends the stream with ReplicaUnavailableError (503);
-        the request is not retried elsewhere."""
+        """Outputs per params.output_kind from the replica the request was routed to (without `stream`: the final
+        one only, from one plain actor call). A replica that dies under it ends the stream with
+        ReplicaUnavailableError (503); the request is not retried elsewhere."""
         params = params or SamplingParams()
-        tracker = DeltaTracker() if wants_deltas(params) else None
-        if tracker is not None:  # replicas stream coalesced snapshots; the deltas are taken here
-            params = replace(params, output_kind=RequestOutputKind.CUMULATIVE)
-        req = prompt if isinstance(prompt, VLMRequest) else await asyncio.to_thread(self.preparer.prepare, prompt)
+        if not stream:
+            params = params.final_only()
+        edge = OutputEdge(params.output_kind)  # replicas stream joined deltas; the reader's kind is built here
+        params = replace(params, output_kind=wire_kind(params.output_kind))
+        req = await asyncio.to_thread(self.preparer.prepare, prompt)
         key = affinity_key(req, affinity)
         light, media = self.media.detach(req)  # pixels by reference, once per content hash; the rest inline
         index, handle, incarnation = self._route(key, params.n)
@@ -134,7 +136,7 @@ class ReplicaPool(MetaReference):
             async for out_ref in call:
                 out = await out_ref
                 finished = out.finished
-                yield out if tracker is None else tracker.delta(out)
+                yield edge.take(out)
                 if finished:
                     return
             raise ReplicaUnavailableError(f"replica {index} ended request {request_id!r} without a final output")

@@ -12,7 +12,7 @@ import ray
 
 from mm_infer.distributed.errors import describe_failure
 from mm_infer.distributed.supervisor import Supervisor
-from mm_infer.engine.control import (
+from mm_infer.engine.control.ops import (
     CommitWeights,
     ControlOp,
     DiscardWeights,
@@ -22,7 +22,7 @@ from mm_infer.engine.control import (
     SleepStatus,
     UpdateWeights,
 )
-from mm_infer.engine.sleep_state import SleepState
+from mm_infer.engine.control.sleep_state import SleepState
 
 FanOut = Callable[..., Awaitable[list[Any]]]  # (actor method, *args) -> the answers of every up replica
 

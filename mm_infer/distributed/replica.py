@@ -13,15 +13,16 @@ from typing import Any
 import ray
 import torch
 
-from mm_infer.distributed.coalesce import latest_only
+from mm_infer.distributed.coalesce import coalesced
 from mm_infer.distributed.errors import portable_error
 from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
-from mm_infer.engine.control import Bucket, CommitWeights, ControlOp, EngineControl, UpdateWeights
+from mm_infer.engine.control.ops import Bucket, CommitWeights, ControlOp, EngineControl, UpdateWeights
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.host_allocator import keep_step_memory
-from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
+from mm_infer.engine.outputs.edge import wire_kind
+from mm_infer.engine.outputs.request_output import RequestOutput, merge_delta
+from mm_infer.engine.runner.host_allocator import keep_step_memory
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.request import VLMRequest
 
 
@@ -73,8 +74,8 @@ class EngineReplica:
         self.requests += 1
         if affinity_key is not None:
             self.requests_by_key[affinity_key] += 1
-        if params.output_kind is RequestOutputKind.DELTA:  # streams coalesce to the latest output: keep them whole
-            params = replace(params, output_kind=RequestOutputKind.CUMULATIVE)
+        if stream:  # deltas on the wire, joined per stream interval; the pool's edge builds what the reader asked
+            params = replace(params, output_kind=wire_kind(params.output_kind))
         return self.async_engine.generate(request, params, request_id, stream)
 
     def _stamp(self, out: RequestOutput) -> RequestOutput:
@@ -84,11 +85,12 @@ class EngineReplica:
 
     async def generate(self, request: VLMRequest, media: list[Any], params: SamplingParams, request_id: str,
                        affinity_key: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Snapshots of one request, at most one per stream interval (always the final one), stamped. A failure
-        crosses to the pool as a portable error (its status and text kept), never as one Ray cannot rebuild."""
+        """One request's deltas, those within a stream interval joined (none dropped; the final one always sent),
+        stamped. A failure crosses to the pool as a portable error (its status and text kept), never as one Ray
+        cannot rebuild."""
         try:
             source = await self._start(request, media, params, request_id, affinity_key)
-            async for out in latest_only(source, self.stream_interval_s):
+            async for out in coalesced(source, self.stream_interval_s, merge_delta):
                 yield self._stamp(out)
         except Exception as exc:
             raise portable_error(exc) from None

@@ -16,7 +16,7 @@ from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.replica import EngineReplica
 from mm_infer.distributed.router import Router
 from mm_infer.distributed.slots import PoolConfig, ReplicaSlot, restart_delay_s
-from mm_infer.engine.control import Freeze, UpdateWeights
+from mm_infer.engine.control.ops import Freeze, UpdateWeights
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from mm_infer.engine.control import ControlOp, EngineControl, Freeze
+from mm_infer.engine.control.ops import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.errors import RequestFailedError
-from mm_infer.engine.output_streams import Backpressure, OutputStream
-from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.outputs.streams import Backpressure, OutputStream
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
 
@@ -57,8 +57,7 @@ class AsyncEngine:
             params = params.final_only()
         loop = asyncio.get_running_loop()
         stream_out = OutputStream(loop, params.output_kind)
-        req = prompt if isinstance(prompt, VLMRequest) else \
-            await loop.run_in_executor(None, self.core.prepare, prompt)  # media work off the event loop
+        req = await loop.run_in_executor(None, self.core.prepare, prompt)  # media work off the event loop
         # compiled (or failed: a 400) on the grammar threads, awaited by this request alone, under the deadline
         grammar = await self.core.grammars.wait(params.structured_outputs)
         with self._control():

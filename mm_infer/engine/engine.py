@@ -4,34 +4,33 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mm_infer.config import EngineConfig
-from mm_infer.engine.block_manager import BlockManager
-from mm_infer.engine.detokenizer import IncrementalDetokenizer
-from mm_infer.engine.encoder_cache import EncoderCache
+from mm_infer.engine.control.sleep_state import EngineAsleepError, SleepState
 from mm_infer.engine.errors import NONFINITE_MODEL, NONFINITE_PARAMS, RequestError, step_failure
-from mm_infer.engine.fault_isolation import culprits
-from mm_infer.engine.memory_profile import cuda_kv_budget
-from mm_infer.engine.model_runner import ModelRunner, StepLimits, StepOutput
-from mm_infer.engine.outputs import RequestOutput, make_output
-from mm_infer.engine.request_stats import RequestStats
+from mm_infer.engine.outputs.detokenizer import IncrementalDetokenizer
+from mm_infer.engine.outputs.request_output import RequestOutput, make_output
+from mm_infer.engine.outputs.request_stats import RequestStats
+from mm_infer.engine.outputs.stopping import apply_stop_rules
+from mm_infer.engine.runner.memory_profile import cuda_kv_budget
+from mm_infer.engine.runner.model_runner import ModelRunner, StepLimits, StepOutput
+from mm_infer.engine.runner.step_threads import StepThreads, checked_heavy_threads
 from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
-from mm_infer.engine.sampler import RAW_NONFINITE, Sampler, SampleResult
-from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.scheduler import Scheduler, SchedulerOutput
-from mm_infer.engine.sequence import RequestMetrics, Sequence, SequenceGroup
-from mm_infer.engine.sleep_state import EngineAsleepError, SleepState
-from mm_infer.engine.step_threads import StepThreads, checked_heavy_threads
-from mm_infer.engine.stopping import check_stop
+from mm_infer.engine.sampling.params import RequestOutputKind, SamplingParams
+from mm_infer.engine.sampling.sampler import RAW_NONFINITE, Sampler, SampleResult
+from mm_infer.engine.scheduling.block_manager import BlockManager
+from mm_infer.engine.scheduling.encoder_cache import EncoderCache
+from mm_infer.engine.scheduling.fault_isolation import culprits
+from mm_infer.engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from mm_infer.engine.scheduling.sequence import RequestMetrics, Sequence, SequenceGroup
 from mm_infer.models import load_model
-from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.placeholders import PromptError
-from mm_infer.prompt.preparer import PromptPreparer
+from mm_infer.prompt.preparer import Prompt, PromptPreparer
 from mm_infer.prompt.request import VLMRequest
 from mm_infer.structured.grammars import Grammars
 
@@ -70,7 +69,7 @@ class LLMEngine:
         self.request_stats = RequestStats(self.runtime.max_model_len)  # vLLM's request / step series
         self._aborted: list[RequestOutput] = []  # outputs of aborted requests, reported by the next step()
         self._rng = random.Random(config.seed)
-        self.sleep_state = SleepState()  # engine/sleep_state.py: what a sleep released
+        self.sleep_state = SleepState()  # engine/control/sleep_state.py: what a sleep released
         self.sleep_kv_shape: Any = None
 
     def _step_limits(self, config: EngineConfig, device: torch.device) -> StepLimits:
@@ -113,7 +112,7 @@ class LLMEngine:
         """The version of the weights now loaded (the encoder cache keys on it)."""
         return self.encoder_cache.weight_version
 
-    def prepare(self, prompt: str | Mapping[str, Any] | PromptInput) -> VLMRequest:
+    def prepare(self, prompt: Prompt) -> VLMRequest:
         return self.preparer.prepare(prompt)
 
     def has_unfinished(self) -> bool:
@@ -125,7 +124,7 @@ class LLMEngine:
 
     # --- requests ----------------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest,
+    def add_request(self, request_id: str, prompt: Prompt,
                     params: SamplingParams | None = None, grammar: Any = COMPILE) -> None:
         """Prepare the prompt (PromptError / MediaError on bad input) and queue its n samples. `grammar`: the
         request's compiled grammar when the caller compiled it off the step loop (Grammars.submit / wait), else it
@@ -135,7 +134,7 @@ class LLMEngine:
         if (asleep := self.sleep_state.reason()) is not None:
             raise EngineAsleepError(asleep)
         params = params or SamplingParams()
-        req = prompt if isinstance(prompt, VLMRequest) else self.prepare(prompt)
+        req = self.prepare(prompt)
         if len(req.prompt_token_ids) >= self.runtime.max_model_len:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
                               f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)",
@@ -233,7 +232,7 @@ class LLMEngine:
             seq.top_logprobs.append(top)
         if seq.detok is not None:
             seq.last_text_chars = len(seq.detok.push(seq.token_ids))
-        stop = check_stop(seq, token, self.eos_ids, self._max_new(seq))
+        stop = apply_stop_rules(seq, token, self.eos_ids, self._max_new(seq))
         if stop is None and seq.matcher is not None and seq.matcher.is_terminated():
             stop = ("stop", None)  # the grammar took its stop token (under ignore_eos too): the output is complete
         if stop is not None:

@@ -15,12 +15,13 @@ from mm_infer.config import EngineConfig
 from mm_infer.distributed.errors import ReplicaUnavailableError
 from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.slots import restart_delay_s
-from mm_infer.engine.control import Bucket, CommitWeights, ControlOp, Freeze, SleepStatus, UpdateWeights
+from mm_infer.engine.control.ops import Bucket, CommitWeights, ControlOp, Freeze, SleepStatus, UpdateWeights
+from mm_infer.engine.control.sleep_state import SleepState
 from mm_infer.engine.errors import RequestFailedError
-from mm_infer.engine.output_streams import OutputStream
-from mm_infer.engine.outputs import OutputAccumulator, RequestOutput
-from mm_infer.engine.sampling import RequestOutputKind, SamplingParams
-from mm_infer.engine.sleep_state import SleepState
+from mm_infer.engine.outputs.edge import OutputEdge, wire_kind
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.outputs.streams import OutputStream
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.engine_core import wire
 from mm_infer.engine_core.core_client import CoreClient
 from mm_infer.prompt.preparer import PromptPreparer
@@ -28,30 +29,6 @@ from mm_infer.prompt.request import VLMRequest
 from mm_infer.serving import BackendFacts, MetaReference, Prompt, engine_gauges
 
 log = logging.getLogger(__name__)
-
-
-class _Request:
-    """What the server side keeps of one request: its prompt, accumulated outputs (for CUMULATIVE readers), the
-    prompt logprobs the core sends once, and the shared-memory files of its media."""
-
-    def __init__(self, request: VLMRequest, kind: RequestOutputKind) -> None:
-        self.request = request
-        self.accumulator = OutputAccumulator() if kind is RequestOutputKind.CUMULATIVE else None
-        self.prompt_scores: tuple[Any, Any, Any] | None = None
-        self.files: list[str] = []
-
-    def restore(self, out: RequestOutput) -> RequestOutput:
-        out.prompt, out.prompt_token_ids = self.request.prompt_text, self.request.prompt_token_ids
-        if out.prompt_logprobs is not None:
-            self.prompt_scores = (out.prompt_logprobs, out.prompt_top_logprobs, out.prompt_ranks)
-        elif self.prompt_scores is not None:
-            out.prompt_logprobs, out.prompt_top_logprobs, out.prompt_ranks = self.prompt_scores
-        if self.accumulator is None:
-            return out
-        self.accumulator.add(out)
-        whole = self.accumulator.whole()
-        assert whole is not None
-        return whole
 
 
 class CoreProcessBackend(MetaReference):
@@ -110,7 +87,7 @@ class CoreProcessBackend(MetaReference):
     def _prepare(self, prompt: Prompt) -> VLMRequest:
         """The prepared request, on a server thread. Media stays uint8 frames (4x fewer bytes than rows): the core
         makes the rows, a group at a time, or embeds the frames on its device."""
-        return prompt if isinstance(prompt, VLMRequest) else self.preparer.prepare(prompt)
+        return self.preparer.prepare(prompt)
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None, request_id: str,
                        affinity: str | None = None, stream: bool = True) -> AsyncIterator[RequestOutput]:
@@ -123,13 +100,14 @@ class CoreProcessBackend(MetaReference):
         loop = asyncio.get_running_loop()
         req = await loop.run_in_executor(None, self._prepare, prompt)
         client = self._check_up()  # after it: the core may have been restarted meanwhile
-        state = _Request(req, params.output_kind)
-        wire_params = replace(params, output_kind=RequestOutputKind.DELTA) if state.accumulator else params
+        edge = OutputEdge(params.output_kind, req.prompt_text, req.prompt_token_ids)
+        wire_params = replace(params, output_kind=wire_kind(params.output_kind))
         out_stream = OutputStream(loop, wire_params.output_kind)
         hold = client.open(request_id, out_stream)
         finished = False
+        files: list[str] = []  # the shared-memory files of its media
         try:
-            state.files = client.post(("add", request_id, req, wire_params))
+            files = client.post(("add", request_id, req, wire_params))
             while True:
                 item, _ = await out_stream.get(hold, client.backpressure)
                 if isinstance(item, BaseException):
@@ -137,11 +115,11 @@ class CoreProcessBackend(MetaReference):
                 finished = item.finished
                 if item.error is not None:  # the engine failed this request alone: its 400 or 500, as in-thread
                     raise RequestFailedError(item.error)
-                yield state.restore(item)
+                yield edge.take(item)
                 if finished:
                     return
         finally:
-            wire.remove_files(state.files)
+            wire.remove_files(files)
             if not finished:
                 client.close(request_id)
                 if client.dead is None:

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
-from mm_infer.engine.output_streams import Backpressure, OutputStream
+from mm_infer.engine.outputs.streams import Backpressure, OutputStream
 from mm_infer.engine_core import wire
 from mm_infer.engine_core.core_loop import core_main
 

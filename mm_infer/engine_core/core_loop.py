@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from mm_infer.distributed.owned_child import ignore_group_signals
-from mm_infer.engine.control import ControlOp, EngineControl, Freeze
+from mm_infer.engine.control.ops import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.host_allocator import keep_step_memory
-from mm_infer.engine.outputs import RequestOutput
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.runner.host_allocator import keep_step_memory
 from mm_infer.engine_core import wire
 from mm_infer.engine_core.heap_trim import IdleTrimmer
 

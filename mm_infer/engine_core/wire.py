@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mm_infer.distributed.errors import portable_error as portable_error  # the core's pipe and replicas share it
-from mm_infer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from mm_infer.engine.outputs.request_output import CompletionOutput, RequestMetrics, RequestOutput
 
 SHM_MIN_BYTES = 64 << 10  # tensors at least this big (media frames, refit buckets) travel as shared-memory files
 _SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())

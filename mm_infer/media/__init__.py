@@ -7,10 +7,7 @@ from mm_infer.media.errors import (
                                    MediaTooLargeError,
                                    MediaUnsupportedError,
 )
-from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
-from mm_infer.media.media_processor import MediaProcessor
-from mm_infer.media.packed import PackedTensor
-from mm_infer.media.processor import (
+from mm_infer.media.item_processing import (
                                    ImageOptions,
                                    VideoMetadata,
                                    VideoOptions,
@@ -19,6 +16,9 @@ from mm_infer.media.processor import (
                                    process_image,
                                    process_video,
 )
+from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
+from mm_infer.media.media_processor import MediaProcessor
+from mm_infer.media.packed import PackedTensor
 from mm_infer.media.resize import smart_resize
 
 __all__ = [

@@ -9,9 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from mm_infer.media.cache import ByteLRU
-from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
-from mm_infer.media.packed import PackedTensor
-from mm_infer.media.processor import (
+from mm_infer.media.item_processing import (
     ImageOptions,
     VideoMetadata,
     VideoOptions,
@@ -19,6 +17,8 @@ from mm_infer.media.processor import (
     process_image,
     process_video,
 )
+from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
+from mm_infer.media.packed import PackedTensor
 from mm_infer.media.sources import MediaInput, is_encoded, options_digest, read_encoded
 
 # Threads, not processes: PIL decode/resize, PyAV, decord and torch all release the GIL, and a thread

@@ -11,7 +11,7 @@ from mm_infer.models.errors import (
     UnsupportedConfigError,
 )
 from mm_infer.models.loader import hf_to_internal, load_model, load_state_dict_into
-from mm_infer.models.qwen2_vl import QwenVLModel, scatter_embeddings
+from mm_infer.models.qwen_vl import QwenVLModel, scatter_embeddings
 
 __all__ = [
     "AttentionContext",

@@ -28,7 +28,7 @@ def upcasts(x: Tensor, weight: Tensor) -> bool:
     """Whether linear(x, weight) takes the float32-tile path: inference on CPU, half weight, enough rows, and a CPU
     whose half GEMM is slow (half_gemm_path).
 
-    Under batch_invariant every batch is padded to >= 16 rows (engine/model_runner.py's MIN_ROWS), above
+    Under batch_invariant every batch is padded to >= 16 rows (engine/runner/model_runner.py's MIN_ROWS), above
     UPCAST_MIN_ROWS, so a request's GEMMs take the one path of its dtype whatever the batch holds."""
     return (weight.dtype in HALF_TYPES and weight.device.type == "cpu" and x.device.type == "cpu"
             and x.dtype == weight.dtype and x.dim() >= 2 and x.numel() >= UPCAST_MIN_ROWS * x.shape[-1]

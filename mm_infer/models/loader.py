@@ -14,7 +14,7 @@ from torch import Tensor
 
 from mm_infer.models.config import ModelConfig, load_config
 from mm_infer.models.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError
-from mm_infer.models.qwen2_vl import QwenVLModel
+from mm_infer.models.qwen_vl import QwenVLModel
 from mm_infer.models.safetensors_map import adjacent_span, checkpoint_files, map_file, tensor_names
 
 log = logging.getLogger(__name__)

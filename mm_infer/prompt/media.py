@@ -10,18 +10,28 @@ from typing import Any
 
 from mm_infer.config import MediaConfig
 from mm_infer.media.frame_sampling import QWEN_MAX_FRAMES, QWEN_MIN_FRAMES, SAMPLERS, frame_timestamps
+from mm_infer.media.item_processing import ImageOptions, VideoMetadata, VideoOptions
 from mm_infer.media.packed import PackedTensor
 from mm_infer.media.patchify import DEFAULT_SPEC, PatchSpec
-from mm_infer.media.processor import ImageOptions, VideoMetadata, VideoOptions
 from mm_infer.prompt.mrope import MROPE_RULES
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.request import MediaItem, items_from_packed
 
-# the one list of mm_processor_kwargs the library understands, per modality
-IMAGE_KWARGS = frozenset({"min_pixels", "max_pixels", "backend", "exif_transpose"})
-VIDEO_KWARGS = frozenset({"fps", "num_frames", "frame_indices", "total_pixels", "sampler", "decoder",
-                          "do_sample_frames", "video_min_pixels", "video_max_pixels", "second_per_grid_ts"})
-VIDEO_OPTION_KWARGS = ("num_frames", "frame_indices", "total_pixels", "sampler", "decoder", "do_sample_frames")
+# The one table of media processing keys (mm_processor_kwargs names): each key's modality, and whether a request
+# over HTTP may set it (the others are for library callers: decoders and backends, already processed inputs). The
+# server checks a request against this table and its caps; `image_overrides` / `video_overrides` apply defaults once.
+MEDIA_KEYS: dict[str, tuple[str, bool]] = {
+    "min_pixels": ("image", True), "max_pixels": ("image", True),
+    "backend": ("image", False), "exif_transpose": ("image", False),
+    "fps": ("video", True), "num_frames": ("video", True), "frame_indices": ("video", True),
+    "total_pixels": ("video", True), "sampler": ("video", True), "do_sample_frames": ("video", True),
+    "video_min_pixels": ("video", True), "video_max_pixels": ("video", True),
+    "decoder": ("video", False), "second_per_grid_ts": ("video", False),
+}
+IMAGE_KWARGS = frozenset(k for k, (modality, _) in MEDIA_KEYS.items() if modality == "image")
+VIDEO_KWARGS = frozenset(k for k, (modality, _) in MEDIA_KEYS.items() if modality == "video")
+REQUEST_KWARGS = frozenset(k for k, (_, by_request) in MEDIA_KEYS.items() if by_request)
+VIDEO_OPTION_KWARGS = ("num_frames", "total_pixels", "sampler", "decoder", "do_sample_frames")  # VideoOptions' names
 QWEN3_VIDEO_PROCESSOR = "Qwen3VLVideoProcessor"
 
 
@@ -80,6 +90,24 @@ def media_defaults(model_dir: str | Path, media: MediaConfig) -> MediaDefaults:
         int(video.get("min_frames", QWEN_MIN_FRAMES)), int(video.get("max_frames", QWEN_MAX_FRAMES)))
 
 
+def image_overrides(kw: Mapping[str, Any], d: MediaDefaults) -> dict[str, Any]:
+    """ImageOptions fields for these kwargs: the request's pixel bounds over the checkpoint's."""
+    return {"min_pixels": kw.get("min_pixels", d.image_min_pixels),
+            "max_pixels": kw.get("max_pixels", d.image_max_pixels),
+            **{k: kw[k] for k in ("backend", "exif_transpose") if k in kw}}
+
+
+def video_overrides(kw: Mapping[str, Any], d: MediaDefaults) -> dict[str, Any]:
+    """VideoOptions fields for these kwargs: video_min/max_pixels become the options' min/max_pixels, fps and the
+    pixel bounds fall back to the checkpoint's, the other keys pass when given."""
+    out = {"min_pixels": kw.get("video_min_pixels", d.video_min_pixels),
+           "max_pixels": kw.get("video_max_pixels", d.video_max_pixels), "fps": float(kw.get("fps", d.video_fps)),
+           **{k: kw[k] for k in VIDEO_OPTION_KWARGS if k in kw}}
+    if "frame_indices" in kw:
+        out["frame_indices"] = tuple(kw["frame_indices"])
+    return out
+
+
 def _as_list(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
@@ -90,10 +118,7 @@ def image_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[M
         return items_from_packed("image", sources)
     from mm_infer.media import preprocess_images
 
-    opts = {k: kw[k] for k in IMAGE_KWARGS if k in kw}
-    opts.setdefault("min_pixels", d.image_min_pixels)
-    opts.setdefault("max_pixels", d.image_max_pixels)
-    return items_from_packed("image", preprocess_images(_as_list(sources), spec=d.spec, **opts))
+    return items_from_packed("image", preprocess_images(_as_list(sources), spec=d.spec, **image_overrides(kw, d)))
 
 
 def video_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[MediaItem]:
@@ -109,12 +134,8 @@ def video_items(sources: Any, kw: Mapping[str, Any], d: MediaDefaults) -> list[M
         return items_from_packed("video", sources, seconds, stamps)
     from mm_infer.media import preprocess_videos
 
-    opts = {k: kw[k] for k in VIDEO_OPTION_KWARGS if k in kw}
-    opts.setdefault("sampler", d.video_sampler)
-    packed, meta = preprocess_videos(_as_list(sources), fps=fps,
-                                     min_pixels=kw.get("video_min_pixels", d.video_min_pixels),
-                                     max_pixels=kw.get("video_max_pixels", d.video_max_pixels), spec=d.spec,
-                                     family=d.video_family, min_frames=d.video_min_frames,
-                                     max_frames=d.video_max_frames, **opts)
+    opts = {"sampler": d.video_sampler, **video_overrides(kw, d)}
+    packed, meta = preprocess_videos(_as_list(sources), spec=d.spec, family=d.video_family,
+                                     min_frames=d.video_min_frames, max_frames=d.video_max_frames, **opts)
     return items_from_packed("video", packed, [m.second_per_grid_ts for m in meta], d.timestamps(meta),
                              [m.frame_indices for m in meta])

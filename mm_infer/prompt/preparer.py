@@ -11,6 +11,7 @@ import torch
 from mm_infer.config import MediaConfig
 from mm_infer.media.frame_sampling import timestamp_text
 from mm_infer.models.config import ModelConfig, load_config
+from mm_infer.prompt.chat_prompt import ChatPrompt, TemplateOptions, chat_token_ids
 from mm_infer.prompt.inputs import PromptInput, parse_prompt
 from mm_infer.prompt.media import MediaDefaults, media_defaults
 from mm_infer.prompt.mrope import mrope_from_placeholders
@@ -19,7 +20,7 @@ from mm_infer.prompt.request import VLMRequest
 from mm_infer.prompt.templating import ChatRenderer, flat_token_ids, media_token_text
 from mm_infer.prompt.tokenizer import Tokenizer
 
-Prompt = str | Mapping[str, Any] | PromptInput
+Prompt = str | Mapping[str, Any] | PromptInput | VLMRequest  # the one prompt type: text, dict, typed, prepared
 
 
 def render_prompt(renderer: ChatRenderer | Any, *, prompt: str | None = None,
@@ -38,10 +39,10 @@ def render_prompt(renderer: ChatRenderer | Any, *, prompt: str | None = None,
         ids = flat_token_ids(renderer.tokenizer.encode(given.text))
     else:
         kwargs = dict(chat_template_kwargs or {})  # the library lets these options ride in the kwargs
-        options = {"add_generation_prompt": bool(kwargs.pop("add_generation_prompt", True)),
-                   "continue_final_message": bool(kwargs.pop("continue_final_message", False)),
-                   "tools": kwargs.pop("tools", None)}
-        ids = renderer.render(list(given.messages or []), chat_template_kwargs=kwargs, **options)
+        options = TemplateOptions(add_generation_prompt=bool(kwargs.pop("add_generation_prompt", True)),
+                                  continue_final_message=bool(kwargs.pop("continue_final_message", False)),
+                                  tools=kwargs.pop("tools", None), chat_template_kwargs=kwargs)
+        ids = chat_token_ids(ChatPrompt(list(given.messages or []), options), renderer)
     if not ids:
         raise PromptError("the prompt is empty")
     return ids
@@ -91,7 +92,10 @@ class PromptPreparer:
         return parse_prompt(prompt, self.media_defaults)
 
     def prepare(self, prompt: Prompt) -> VLMRequest:
-        """Tokenise, preprocess media and expand placeholders (PromptError / MediaError on bad input)."""
+        """Tokenise, preprocess media and expand placeholders (PromptError / MediaError on bad input); a prepared
+        request (render -> generate, a replica's or the core's input) is returned as it is."""
+        if isinstance(prompt, VLMRequest):
+            return prompt
         typed = prompt if isinstance(prompt, PromptInput) else self.parse(prompt)
         return build_request(self.renderer, self.placeholder_ids, typed, merge_size=self.merge_size,
                              tokens_per_second=self.tokens_per_second, mrope_after_video=self.mrope_after_video)

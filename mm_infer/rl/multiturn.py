@@ -11,11 +11,10 @@ from typing import Any
 import torch
 
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.media.packed import PackedTensor
-from mm_infer.prompt.preparer import render_prompt
+from mm_infer.prompt.chat_prompt import CarriedTurn, ChatPrompt, chat_token_ids
 from mm_infer.prompt.request import MediaItem, VLMRequest
-from mm_infer.prompt.retokenize import replace_prefix_tokens
 from mm_infer.rl.rollout import RewardFn, RolloutAbortedError, RolloutRow, run_to_completion
 
 # (row, turn index, assistant text so far in this sample) -> the next user message text, or None to stop.
@@ -78,11 +77,9 @@ def _continuation(first: VLMRequest, ids: list[int], seconds: list[float]) -> di
 
 def _next_prompt(engine: LLMEngine, traj: Trajectory, user_text: str) -> list[int]:
     """Splice the sample's exact ids with the template of (its conversation + the new user message)."""
-    renderer = engine.preparer.renderer
-    prefix = render_prompt(renderer, messages=traj.messages, chat_template_kwargs={"add_generation_prompt": False})
+    carried = CarriedTurn(len(traj.messages) - 1, traj.token_ids())  # the conversation so far, as sampled
     traj.messages.append({"role": "user", "content": user_text})
-    full = render_prompt(renderer, messages=traj.messages)
-    return replace_prefix_tokens(engine.tokenizer, traj.token_ids(), prefix, full)
+    return chat_token_ids(ChatPrompt(traj.messages, carried=carried), engine.preparer.renderer)
 
 
 def generate_multiturn(engine: LLMEngine, rows: Sequence[RolloutRow], next_user: NextUserFn, reward_fn: RewardFn,

@@ -12,8 +12,8 @@ from torch import Tensor
 
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.errors import RequestFailedError
-from mm_infer.engine.outputs import RequestOutput
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.outputs.request_output import RequestOutput
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.request import MediaItem, VLMRequest
 
 RewardFn = Callable[[str, Any], float]

@@ -47,7 +47,7 @@ def workload(pool, groups: int, n: int) -> list:
 
 
 async def drive(pool, requests: list, max_tokens: int) -> tuple[float, int, list[int]]:
-    from mm_infer.engine.sampling import SamplingParams
+    from mm_infer.engine.sampling.params import SamplingParams
 
     async def one(i: int, req) -> tuple[int, int]:
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)
@@ -80,7 +80,7 @@ def per_request_costs(pool, req) -> dict[str, float]:
 
     from mm_infer.distributed.media_refs import MediaRefCache
     from mm_infer.distributed.router import Router
-    from mm_infer.engine.sampling import SamplingParams
+    from mm_infer.engine.sampling.params import SamplingParams
     from servers.openai.config import ServerConfig
     from servers.openai.launch import BackgroundServer, free_port
     from servers.openai.state import build_state

@@ -5,7 +5,7 @@ Both servers serve the same tiny checkpoint; runs alternate (this, baseline, thi
 process's CPU seconds are read from /proc. The last line is the median of the pairwise throughput ratios.
 
     git worktree add /tmp/mm-base <commit>
-    python scripts/bench/streaming.py --baseline /tmp/mm-base --max-tokens 1000
+    python scripts/bench/streaming.py --baseline /tmp/mm-base --max-tokens 1000 [--tool-parser hermes]
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def _serve(tree: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
     entry = "servers.cli" if (tree / "servers" / "cli.py").exists() else "mm_infer.cli"  # before/after the move
     cmd = [sys.executable, "-m", entry, "serve", str(CKPT), "--port", str(port), "--num-kv-blocks",
            str(args.num_kv_blocks), "--max-model-len", str(args.max_tokens + 64), "--log-level", "warning"]
+    cmd += ["--tool-parser", args.tool_parser] if args.tool_parser else []
+    cmd += ["--reasoning-parser", args.reasoning_parser] if args.reasoning_parser else []
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, cwd=tree, env=env)
     wait_healthy(proc, port, f"server from {tree}")
@@ -47,6 +49,10 @@ async def _load(base: str, args: argparse.Namespace) -> tuple[float, int]:
     body = {"messages": [{"role": "user", "content": "Tell me a long story."}],  # no model: the one served
             "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
             "logprobs": True}
+    if args.tool_parser:  # the parser runs on a request that offers tools
+        body["tools"] = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                                           "parameters": {"type": "object", "properties": {
+                                                               "word": {"type": "string"}}}}}]
     sem = asyncio.Semaphore(args.concurrency)
     tokens = [0]
 
@@ -86,9 +92,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1000)
     ap.add_argument("--num-kv-blocks", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tool-parser", default=None, help="e.g. hermes: requests then carry a tool")
+    ap.add_argument("--reasoning-parser", default=None, help="e.g. qwen3")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-
 
     ours, base = [], []
     for r in range(args.repeats):
@@ -98,7 +105,9 @@ def main() -> None:
               f"{base[-1][0]:.0f} tok/s ({base[-1][1]:.3f} cpu-s/1k tok)", flush=True)
     ratios = [o[0] / b[0] for o, b in zip(ours, base, strict=True)]
     cpu = [b[1] / o[1] for o, b in zip(ours, base, strict=True)]
-    print(f"{args.requests} streams x {args.max_tokens} tokens, concurrency {args.concurrency}, logprobs on")
+    parsers = f", tool parser {args.tool_parser}" if args.tool_parser else ""
+    parsers += f", reasoning parser {args.reasoning_parser}" if args.reasoning_parser else ""
+    print(f"{args.requests} streams x {args.max_tokens} tokens, concurrency {args.concurrency}, logprobs on{parsers}")
     print(f"server cpu per token, baseline/this (median): {statistics.median(cpu):.2f}")
     print(f"streaming_throughput_this_vs_baseline={statistics.median(ratios):.2f}")
 

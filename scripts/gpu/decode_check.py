@@ -32,7 +32,7 @@ def lm_config(quick: bool) -> Any:
 def random_model(quick: bool, device: str, dtype: torch.dtype) -> Any:
     """QwenVLModel built on meta, materialised on `device`, filled with N(0, 0.02) (norm weights 1)."""
     from mm_infer.models.loader import materialize
-    from mm_infer.models.qwen2_vl import QwenVLModel
+    from mm_infer.models.qwen_vl import QwenVLModel
 
     with torch.device("meta"):
         model = QwenVLModel(lm_config(quick))
@@ -58,8 +58,8 @@ def copy_bandwidth(device: str, quick: bool) -> float:
 def decode_graphs(model: Any, batch: int, ctx: int, capture: bool) -> tuple[Any, Any]:
     """The engine's static decode path for one step of `batch` sequences at context `ctx` (new token included):
     a KV pool of contiguous tables plus the scratch block, and the bucket's filled device buffers."""
-    from mm_infer.engine.decode_graphs import DecodeBuffers, DecodeGraphs
-    from mm_infer.engine.paged_attention import KVCache
+    from mm_infer.engine.runner.decode_graphs import DecodeBuffers, DecodeGraphs
+    from mm_infer.engine.runner.paged_attention import KVCache
 
     text, dev = model.config.text, model.device
     nblk = -(-ctx // BLOCK)

@@ -84,7 +84,7 @@ def group(device: str) -> Report:
 
 def make_seq(seed: int, prompt: list[int], output: list[int], **kw: Any) -> Any:
     from mm_infer import SamplingParams
-    from mm_infer.engine.sequence import Sequence, SequenceGroup
+    from mm_infer.engine.scheduling.sequence import Sequence, SequenceGroup
 
     grp = SequenceGroup("r", SamplingParams(seed=seed, **kw), SimpleNamespace(placeholders=[], item_patches=[]))
     seq = Sequence(grp, prompt)
@@ -107,7 +107,7 @@ SAMPLER_CASES: dict[str, list[dict[str, Any]]] = {
 
 def sampler_bench(device: str, quick: bool) -> Report:
     """Sampler.sample + readback per step at [rows, vocab] float32 logits, per row mix; median ms."""
-    from mm_infer.engine.sampler import Sampler
+    from mm_infer.engine.sampling.sampler import Sampler
 
     rows, vocab = (8, 4096) if quick else (256, 152064)
     gen = torch.Generator().manual_seed(0)

@@ -12,22 +12,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import mm_infer
-from servers.openai.abort import add_abort_routes, base_request_id
-from servers.openai.admin import add_admin_routes
-from servers.openai.chat import create_chat_completion
-from servers.openai.completions import create_completion
-from servers.openai.errors import ApiError, error_response, validation_error
-from servers.openai.generate import generate_tokens
-from servers.openai.generate_protocol import GenerateRequest
-from servers.openai.middleware import ServerMiddleware, log_error
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from servers.openai.render import render_chat, render_completion
-from servers.openai.replies import ModelCard, ModelList
-from servers.openai.responses_api.endpoint import create_response
-from servers.openai.responses_api.protocol import ResponsesRequest
+from servers.openai.answers.streaming import ClientGone
+from servers.openai.bodies.errors import ApiError, error_response, validation_error
+from servers.openai.bodies.generate import GenerateRequest
+from servers.openai.bodies.replies import ModelCard, ModelList
+from servers.openai.bodies.requests import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from servers.openai.endpoints.abort import add_abort_routes, base_request_id
+from servers.openai.endpoints.admin import add_admin_routes
+from servers.openai.endpoints.chat import create_chat_completion
+from servers.openai.endpoints.completions import create_completion
+from servers.openai.endpoints.generate import generate_tokens
+from servers.openai.endpoints.render import render_chat, render_completion
+from servers.openai.endpoints.responses_api.endpoint import create_response
+from servers.openai.endpoints.responses_api.protocol import ResponsesRequest
+from servers.openai.endpoints.tokens import detokenize, tokenize
 from servers.openai.state import ServerState
-from servers.openai.streaming import ClientGone
-from servers.openai.tokens import detokenize, tokenize
+from servers.openai.web.middleware import ServerMiddleware, log_error
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed request": nobody reads it, metrics do
 

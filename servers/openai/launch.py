@@ -9,13 +9,13 @@ from typing import Any
 
 import uvicorn
 
-from mm_infer.engine.host_allocator import keep_step_memory
+from mm_infer.engine.runner.host_allocator import keep_step_memory
 from mm_infer.environment import one_line
 from servers.openai.app import build_app
 from servers.openai.config import ServerConfig
-from servers.openai.shutdown import DrainingServer
-from servers.openai.slow_clients import event_loop, header_deadline_protocol
 from servers.openai.state import ServerState, build_state
+from servers.openai.web.shutdown import DrainingServer
+from servers.openai.web.slow_clients import event_loop, header_deadline_protocol
 
 
 def free_port(host: str = "127.0.0.1") -> int:

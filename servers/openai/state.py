@@ -11,13 +11,13 @@ from mm_infer.media import MediaLimits, MediaProcessor
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.template_workers import TemplateWorkers
 from mm_infer.serving import EngineBackend, LocalBackend
+from servers.openai.answers.parsers import OutputParser, build_output_parser
+from servers.openai.bodies.generation_defaults import load_generation_defaults, log_generation_defaults
 from servers.openai.config import ServerConfig
-from servers.openai.features import FeatureStore
-from servers.openai.generation_defaults import load_generation_defaults, log_generation_defaults
-from servers.openai.media import MediaFetcher, MediaResolver
-from servers.openai.metrics import Metrics, Reading
-from servers.openai.output_parsers import OutputParser, build_output_parser
-from servers.openai.pause import PauseGate
+from servers.openai.control.pause import PauseGate
+from servers.openai.media.features import FeatureStore
+from servers.openai.media.request_media import MediaFetcher, MediaResolver
+from servers.openai.web.metrics import Metrics, Reading
 
 
 @dataclass

@@ -20,7 +20,7 @@ from replica_cases import CKPT, OPTIONS, png
 from safetensors.torch import load_file, save_file
 
 from mm_infer.distributed import ReplicaPool
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.sampling.params import SamplingParams
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
 
@@ -85,7 +85,7 @@ def _direct(pool: ReplicaPool, index: int, text: str) -> list[int]:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     refs = list(pool.supervisor.slots[index].handle.generate.options(num_returns="streaming").remote(
         req, [], params, f"direct-{index}-{time.monotonic_ns()}"))
-    return ray.get(refs[-1]).outputs[0].token_ids
+    return [t for ref in refs for t in ray.get(ref).outputs[0].token_ids]  # a replica streams deltas
 
 
 def test_a_replica_killed_under_load_fails_its_requests_with_503_and_comes_back_refitted(server, tmp_path):

@@ -15,8 +15,8 @@ from replica_cases import CKPT, COLOURS, OPTIONS, image_prompt, png, text_prompt
 from safetensors.torch import load_file
 
 from mm_infer.distributed import PoolConfig, ReplicaPool, generate_batch
-from mm_infer.engine.control import Freeze, ResetCaches, UpdateWeights
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.control.ops import Freeze, ResetCaches, UpdateWeights
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.llm import LLM
 from mm_infer.media import MediaError
 from mm_infer.prompt.placeholders import PromptError

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from mm_infer.distributed.coalesce import latest_only
+from mm_infer.distributed.coalesce import coalesced
 from mm_infer.distributed.errors import ReplicaUnavailableError, describe_failure
 from mm_infer.distributed.journal import WeightJournal
 from mm_infer.distributed.router import Router, affinity_key
@@ -120,33 +120,41 @@ async def _source(items: list[int], delay: float, fail: bool = False):
         raise ValueError("source broke")
 
 
-def test_latest_only_skips_overtaken_items_but_always_sends_the_last():
-    async def run() -> list[int]:  # the source never sleeps: it runs ahead while the consumer waits its interval
-        return [x async for x in latest_only(_source(list(range(20)), 0.0), 0.05)]
+def _joined(items: list[int], delay: float, interval: float) -> list[list[int]]:
+    async def run() -> list[list[int]]:
+        return [x async for x in coalesced(_lists(items, delay), interval, lambda a, b: a + b)]
 
-    got = asyncio.run(run())
-    assert got[-1] == 19 and got == sorted(got) and len(got) < 20
-
-
-def test_latest_only_with_no_interval_passes_everything_through_in_order():
-    async def run() -> list[int]:
-        return [x async for x in latest_only(_source(list(range(5)), 0.005), 0.0)]
-
-    assert asyncio.run(run()) == [0, 1, 2, 3, 4]
+    return asyncio.run(run())
 
 
-def test_latest_only_reraises_source_errors_after_the_items_before_them():
+async def _lists(items: list[int], delay: float):
+    async for item in _source(items, delay):
+        yield [item]
+
+
+def test_coalesced_joins_the_deltas_that_wait_and_drops_none():
+    # the source never sleeps: it runs ahead while the consumer waits its interval (catches a coalescer that keeps
+    # only the newest delta, which loses tokens)
+    got = _joined(list(range(20)), 0.0, 0.05)
+    assert [x for joined in got for x in joined] == list(range(20)) and len(got) < 20
+
+
+def test_coalesced_with_no_interval_passes_everything_through_in_order():
+    assert _joined(list(range(5)), 0.005, 0.0) == [[0], [1], [2], [3], [4]]
+
+
+def test_coalesced_reraises_source_errors_after_the_items_before_them():
     async def run() -> list[int]:
         got = []
         with pytest.raises(ValueError, match="source broke"):
-            async for x in latest_only(_source([1, 2], 0.001, fail=True), 0.0):
+            async for x in coalesced(_source([1, 2], 0.001, fail=True), 0.0, max):
                 got.append(x)
         return got
 
     assert asyncio.run(run())[-1] == 2
 
 
-def test_closing_latest_only_cancels_the_source():
+def test_closing_coalesced_cancels_the_source():
     closed = asyncio.Event()
 
     async def endless():
@@ -158,7 +166,7 @@ def test_closing_latest_only_cancels_the_source():
             closed.set()
 
     async def run() -> bool:
-        stream = latest_only(endless(), 0.0)
+        stream = coalesced(endless(), 0.0, max)
         await stream.__anext__()
         await stream.aclose()
         return closed.is_set()

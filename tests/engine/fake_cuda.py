@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from mm_infer.engine import engine as engine_module
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.engine.sampler import SampledTokens, SampleResult
+from mm_infer.engine.sampling.sampler import SampledTokens, SampleResult
 from mm_infer.models import load_model
 
 CUDA = torch.device("cuda", 0)  # the bare "cuda" string is refused by .to() on a CPU-only build, even when faked

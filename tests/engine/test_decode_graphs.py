@@ -9,7 +9,7 @@ import torch
 from engine_cases import CKPT, case
 
 from mm_infer import LLM, SamplingParams
-from mm_infer.engine.decode_graphs import bucket_sizes
+from mm_infer.engine.runner.decode_graphs import bucket_sizes
 
 PROMPTS = [case([5 + i, ("image", 1, 4, 4), 3], seed=40 + i) for i in range(3)]
 

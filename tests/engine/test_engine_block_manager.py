@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mm_infer.config import SchedulerConfig
-from mm_infer.engine.block_manager import BlockManager
-from mm_infer.engine.sampling import SamplingParams
-from mm_infer.engine.scheduler import Scheduler
-from mm_infer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from mm_infer.engine.sampling.params import SamplingParams
+from mm_infer.engine.scheduling.block_manager import BlockManager
+from mm_infer.engine.scheduling.scheduler import Scheduler
+from mm_infer.engine.scheduling.sequence import Sequence, SequenceGroup, SequenceStatus
 from mm_infer.prompt.placeholders import PlaceholderRange
 
 

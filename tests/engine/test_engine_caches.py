@@ -9,7 +9,7 @@ import torch
 from engine_cases import CKPT, case
 
 from mm_infer import LLM, SamplingParams
-from mm_infer.engine.encoder_cache import EncoderCache
+from mm_infer.engine.scheduling.encoder_cache import EncoderCache
 from mm_infer.prompt.placeholders import PromptError
 
 

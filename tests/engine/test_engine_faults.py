@@ -16,8 +16,8 @@ from mm_infer import SamplingParams
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.errors import RequestFailedError
-from mm_infer.engine.output_streams import Backpressure
-from mm_infer.engine.sampling import RequestOutputKind
+from mm_infer.engine.outputs.streams import Backpressure
+from mm_infer.engine.sampling.params import RequestOutputKind
 
 GREEDY = SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0)
 

@@ -10,8 +10,8 @@ import torch
 from engine_cases import IMAGE, VIDEO, case, expand, hf_kwargs, hf_model
 
 from mm_infer import SamplingParams
-from mm_infer.engine.sampler import Sampler
-from mm_infer.engine.sequence import Sequence, SequenceGroup
+from mm_infer.engine.sampling.sampler import Sampler
+from mm_infer.engine.scheduling.sequence import Sequence, SequenceGroup
 
 PROMPT = case([6, ("image", 1, 4, 8), 10], seed=77)
 

@@ -8,7 +8,7 @@ from engine_cases import CKPT, CKPT25, case
 from fake_cuda import CUDA, HostSyncError, fake_cuda_engine
 
 from mm_infer import SamplingParams
-from mm_infer.engine import sampling_batch
+from mm_infer.engine.sampling import batch as sampling_batch
 
 SAMPLING = [
     dict(temperature=0.0),
@@ -63,7 +63,7 @@ def test_a_planted_device_mix_fails_the_harness(monkeypatch):
 
 def test_a_planted_host_read_fails_the_harness(monkeypatch):
     # the harness must be able to fail: a host sync in the forward (here, reading the hidden states' norm)
-    from mm_infer.models.qwen2_vl import QwenVLModel
+    from mm_infer.models.qwen_vl import QwenVLModel
 
     real = QwenVLModel.forward_hidden
     monkeypatch.setattr(QwenVLModel, "forward_hidden", lambda self, *a: (lambda h: (float(h.norm()), h)[1])(

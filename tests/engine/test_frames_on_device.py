@@ -10,7 +10,7 @@ from fake_cuda import CUDA, fake_cuda_engine
 
 from mm_infer import LLM, SamplingParams
 from mm_infer.media.frame_batch import FrameBatch
-from mm_infer.models.qwen2_vl import QwenVLModel
+from mm_infer.models.qwen_vl import QwenVLModel
 
 PROMPT = {"prompt": "<|vision_start|><|image_pad|><|vision_end|>What is it?",
           "multi_modal_data": {"image": [torch.randint(0, 256, (60, 90, 3), dtype=torch.uint8,

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from mm_infer import SamplingParams
-from mm_infer.engine import sampling_batch
+from mm_infer.engine.sampling import batch as sampling_batch
 from mm_infer.structured import StructuredOutputsParams as Spec
 from mm_infer.structured.reasoning import reasoning_ended
 

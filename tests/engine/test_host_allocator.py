@@ -13,7 +13,7 @@ import pytest
 # the heap keep it? mallinfo2: arena = heap bytes, hblkhd = bytes in mmapped blocks.
 PROBE = """
 import ctypes
-from mm_infer.engine.host_allocator import keep_step_memory
+from mm_infer.engine.runner.host_allocator import keep_step_memory
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]

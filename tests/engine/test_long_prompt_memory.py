@@ -11,7 +11,7 @@ import pytest
 import torch
 from engine_cases import CKPT
 
-import mm_infer.engine.model_runner as model_runner
+import mm_infer.engine.runner.model_runner as model_runner
 from mm_infer import SamplingParams
 from mm_infer.llm import LLM
 

@@ -10,9 +10,9 @@ from engine_cases import CKPT
 from fake_cuda import fake_cuda_engine
 
 from mm_infer import LLM
-from mm_infer.engine.encoder_cache import EncoderCache
-from mm_infer.engine.memory_profile import MemorySnapshot
-from mm_infer.engine.model_runner import ModelRunner
+from mm_infer.engine.runner.memory_profile import MemorySnapshot
+from mm_infer.engine.runner.model_runner import ModelRunner
+from mm_infer.engine.scheduling.encoder_cache import EncoderCache
 from mm_infer.sizes import parse_size
 
 GIB = 2**30

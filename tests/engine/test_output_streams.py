@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from mm_infer.engine.output_streams import Backpressure, OutputStream
-from mm_infer.engine.outputs import CompletionOutput, RequestOutput, merge_delta
-from mm_infer.engine.sampling import RequestOutputKind
+from mm_infer.engine.outputs.request_output import CompletionOutput, RequestOutput, merge_delta
+from mm_infer.engine.outputs.streams import Backpressure, OutputStream
+from mm_infer.engine.sampling.params import RequestOutputKind
 
 
 def delta(step: int, finished: bool = False, samples: int = 2) -> RequestOutput:

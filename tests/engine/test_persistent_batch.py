@@ -8,9 +8,9 @@ from engine_cases import CKPT, case
 from test_sampler_batched import batch_case
 
 from mm_infer import LLM, SamplingParams
-from mm_infer.engine.persistent_batch import PersistentBatch
-from mm_infer.engine.sampler import Sampler
-from mm_infer.engine.sequence import SequenceStatus
+from mm_infer.engine.runner.persistent_batch import PersistentBatch
+from mm_infer.engine.sampling.sampler import Sampler
+from mm_infer.engine.scheduling.sequence import SequenceStatus
 
 SCRATCH = 99
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mm_infer.engine.paged_attention import KVCache, PagedAttentionContext, SeqSpan, span_runs
+from mm_infer.engine.runner.paged_attention import KVCache, PagedAttentionContext, SeqSpan, span_runs
 from mm_infer.models.attention import causal_attention
 
 

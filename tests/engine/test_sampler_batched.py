@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mm_infer import SamplingParams
-from mm_infer.engine.random_draws import seed_to_int64, uniforms
-from mm_infer.engine.sampler import Sampler
-from mm_infer.engine.sequence import Sequence, SequenceGroup
+from mm_infer.engine.sampling.random_draws import seed_to_int64, uniforms
+from mm_infer.engine.sampling.sampler import Sampler
+from mm_infer.engine.scheduling.sequence import Sequence, SequenceGroup
 
 VOCAB = 64
 ROW_KINDS = [
@@ -72,7 +72,7 @@ def reference_row(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
 def test_batched_processing_equals_the_per_row_reference():
     # catches: a row processed with another row's parameters, or a processor applied to rows that did not ask
     logits, seqs = batch_case()
-    from mm_infer.engine.sampling_batch import SamplingBatch
+    from mm_infer.engine.sampling.batch import SamplingBatch
 
     got = Sampler([], [1]).process(logits.clone(), SamplingBatch.build(seqs, logits.device))
     for i, seq in enumerate(seqs):
@@ -134,7 +134,7 @@ def test_same_seed_same_tokens_different_seed_different_tokens():
 def test_cpu_uniforms_equal_the_torch_steps():
     # catches: the numpy path of the CPU rounding or shifting differently from the torch steps other devices run
     # (a logical shift for the arithmetic one, a float64 scale, a lost sign bit of a negative seed)
-    from mm_infer.engine.random_draws import _hash
+    from mm_infer.engine.sampling.random_draws import _hash
 
     gen = torch.Generator().manual_seed(3)
     seeds = torch.cat([torch.randint(-(1 << 62), 1 << 62, (500,), generator=gen), torch.tensor([0, -1, 1 << 62])])

@@ -6,8 +6,8 @@ import torch
 from engine_cases import CKPT, case
 
 from mm_infer import LLM, SamplingParams
-from mm_infer.engine.batch_plan import BatchPlan
-from mm_infer.engine.step_threads import (
+from mm_infer.engine.runner.batch_plan import BatchPlan
+from mm_infer.engine.runner.step_threads import (
     HEAVY_STEP_TOKENS,
     StepThreads,
     checked_heavy_threads,
@@ -82,7 +82,7 @@ def test_mkl_runs_in_its_strict_reproducible_mode():
 
 
 def test_heavy_threads_refused_where_they_change_numbers(monkeypatch):
-    from mm_infer.engine import step_threads
+    from mm_infer.engine.runner import step_threads
 
     monkeypatch.setattr(step_threads, "thread_count_changes_numbers", lambda light, heavy: True)
     assert checked_heavy_threads(1, 2) is None  # would change bits: never switch

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 
 from mm_infer import SamplingParams
-from mm_infer.engine.detokenizer import IncrementalDetokenizer
-from mm_infer.engine.outputs import RequestOutput, make_output
-from mm_infer.engine.sampling import RequestOutputKind
-from mm_infer.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from mm_infer.engine.stopping import check_stop
+from mm_infer.engine.outputs.detokenizer import IncrementalDetokenizer
+from mm_infer.engine.outputs.request_output import RequestOutput, make_output
+from mm_infer.engine.outputs.stopping import apply_stop_rules
+from mm_infer.engine.sampling.params import RequestOutputKind
+from mm_infer.engine.scheduling.sequence import Sequence, SequenceGroup, SequenceStatus
 
 EOS, EOS2, UN, EXAMPLE = 0, 1, 8, 10
 VOCAB = {EOS: "<eos>", EOS2: "<eos2>", 2: "a", 3: "b", 4: " ", 5: "ex", 6: "ample", 7: "m", UN: "Un", 9: "?",
@@ -37,7 +37,7 @@ def run(tokens: list[int], kind: RequestOutputKind, eos_ids=EOS_IDS, **kw) -> tu
         seq.token_ids.append(token)
         seq.logprobs.append(-0.5)
         seq.last_text_chars = len(seq.detok.push(seq.token_ids))
-        stop = check_stop(seq, token, eos_ids, params.max_tokens)
+        stop = apply_stop_rules(seq, token, eos_ids, params.max_tokens)
         if stop is not None:
             seq.stop_reason, seq.finish_reason, seq.status = stop[1], stop[0], SequenceStatus.FINISHED
         outs.append(make_output(group, decode))
@@ -121,7 +121,7 @@ def test_a_text_that_ends_inside_a_character_leaves_the_partial_bytes_out():
     the token. Token 100 of the tiny checkpoints' byte-level BPE is a lone partial UTF-8 byte."""
     from types import SimpleNamespace
 
-    from mm_infer.engine.outputs import _finish_text
+    from mm_infer.engine.outputs.request_output import _finish_text
 
     def decode(ids, skip):
         return "".join({5: "ok", 100: "\ufffd"}[i] for i in ids)

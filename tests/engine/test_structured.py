@@ -13,8 +13,8 @@ from engine_cases import CKPT
 from fake_cuda import CUDA, fake_cuda_engine
 
 from mm_infer import SamplingParams
-from mm_infer.engine import sampling_batch
-from mm_infer.engine.logits_processors import unpack_bitmask
+from mm_infer.engine.sampling import batch as sampling_batch
+from mm_infer.engine.sampling.logits_processors import unpack_bitmask
 from mm_infer.structured import StructuredOutputsParams as Spec
 from mm_infer.structured.compiler import GrammarError, fill_bitmask, hf_tokenizer, tokenizer_info
 

@@ -14,8 +14,8 @@ import torch
 
 from mm_infer import LLM, SamplingParams
 from mm_infer.distributed.errors import ReplicaUnavailableError
-from mm_infer.engine.control import Freeze, Sleep, UpdateWeights
-from mm_infer.engine.sampling import RequestOutputKind
+from mm_infer.engine.control.ops import Freeze, Sleep, UpdateWeights
+from mm_infer.engine.sampling.params import RequestOutputKind
 from mm_infer.engine_core import CoreProcessBackend, CoreStartupError
 from mm_infer.engine_core.core_client import core_options
 from mm_infer.prompt.placeholders import PromptError

@@ -61,7 +61,7 @@ def test_an_engine_failed_request_crosses_with_its_status_and_text():
     """RequestFailedError does not rebuild from its args (Ray's UnserializableException): what crosses instead
     answers the same 400 body."""
     from mm_infer.engine.errors import NONFINITE_PARAMS, RequestFailedError
-    from servers.openai.errors import from_exception
+    from servers.openai.bodies.errors import from_exception
 
     err = RequestFailedError(NONFINITE_PARAMS)
     back = pickle.loads(pickle.dumps(wire.portable_error(err)))
@@ -82,7 +82,7 @@ def test_outputs_cross_as_tuples_and_come_back_whole_but_the_prompt():
     import pickle
 
     from mm_infer.engine.errors import RequestError
-    from mm_infer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from mm_infer.engine.outputs.request_output import CompletionOutput, RequestMetrics, RequestOutput
 
     samples = [CompletionOutput(0, " a", [5, 6], [-0.5, -1.5], None, None, [{5: -0.5}, {6: -1.5}], -2.0),
                CompletionOutput(1, "b", [7], [-0.25], "stop", 9, None, -0.25)]

@@ -19,8 +19,8 @@ from synth import video_bytes
 
 from mm_infer.media import DEFAULT_LIMITS, MediaDecodeError, MediaLimits, MediaTooLargeError, preprocess_videos
 from mm_infer.media.frame_sampling import sample_indices
+from mm_infer.media.item_processing import _to_pixels
 from mm_infer.media.patchify import DEFAULT_SPEC, frames_to_rows
-from mm_infer.media.processor import _to_pixels
 from mm_infer.media.resize import smart_resize
 from mm_infer.media.sources import read_encoded
 from mm_infer.media.video import VideoInfo, check_decode_budget, decode_frames, decord_available
@@ -65,7 +65,7 @@ def test_pixel_values_equal_the_full_stack_path_on_every_asset(name: str, backen
 
 
 def test_decode_budget_is_checked_from_the_header_before_any_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mm_infer.media.processor as processor
+    import mm_infer.media.item_processing as processor
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("decoded a video the header already put over the budget")

@@ -11,18 +11,18 @@ import httpx
 import pytest
 from transfer_cases import CKPT, ask, hf_greedy, report, run_trainer
 
-from mm_infer.engine.control import DiscardWeights, ReceiveWeights
-from mm_infer.engine.sleep_state import SleepState
+from mm_infer.engine.control.ops import DiscardWeights, ReceiveWeights
+from mm_infer.engine.control.sleep_state import SleepState
 from mm_infer.rl.weight_transfer import WeightTransferClient
 from mm_infer.serving import BackendFacts
 from mm_infer.transfer.receiver import TransferFailedError
+from servers.openai.bodies.errors import ApiError
+from servers.openai.bodies.weight_transfer import InitInfo, UpdateInfo
 from servers.openai.config import ServerConfig
-from servers.openai.errors import ApiError
+from servers.openai.control.pause import PauseGate
+from servers.openai.control.sleep import SleepControl
+from servers.openai.control.weight_transfer import TransferSession
 from servers.openai.launch import BackgroundServer, free_port
-from servers.openai.pause import PauseGate
-from servers.openai.sleep import SleepControl
-from servers.openai.weight_transfer import TransferSession
-from servers.openai.weight_transfer_protocol import InitInfo, UpdateInfo
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from server_cases import API_KEY, MAX_MODEL_LEN
 from test_errors import assert_error, chat, frozen_after_first_token, post
 
-from servers.openai.admission import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS, text_char_limit
+from servers.openai.prompting.admission import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS, text_char_limit
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 

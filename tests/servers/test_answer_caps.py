@@ -7,10 +7,10 @@ import pytest
 from server_cases import CKPT, MAX_MODEL_LEN
 from test_errors import assert_error, chat, post
 
-from mm_infer.engine.sampling import SamplingParams
+from mm_infer.engine.sampling.params import SamplingParams
 from servers.cli import parse_args, server_config
-from servers.openai.admission import check_answer_size
-from servers.openai.errors import ApiError
+from servers.openai.bodies.errors import ApiError
+from servers.openai.prompting.admission import check_answer_size
 
 CAP = "--max-logprob-entries"
 

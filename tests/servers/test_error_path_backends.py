@@ -18,9 +18,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from server_cases import CKPT
 
+from mm_infer.engine.control.ops import Sleep, WakeUp
 from mm_infer.engine.errors import NONFINITE_MODEL, NONFINITE_PARAMS
+from servers.openai.bodies.errors import error_body
 from servers.openai.config import ServerConfig
-from servers.openai.errors import error_body
 from servers.openai.launch import BackgroundServer, free_port
 
 OPTIONS = {"num_kv_blocks": 64, "max_model_len": 256, "cpu_threads": 1}
@@ -121,14 +122,14 @@ def test_a_model_producing_non_finite_logits_is_a_500(served, caplog, tmp_path):
 def test_an_engine_asleep_under_the_server_is_a_503(served, caplog):
     """Slept behind the server's back (its gate does not know): the engine's own refusal is a 503 naming why."""
     backend = served.state.backend
-    asyncio.run(backend.sleep(1))
+    asyncio.run(backend.control(Sleep(1)))
     try:
         with caplog.at_level(logging.WARNING):
             reply = _post(served, "/v1/chat/completions", CHAT)
         _assert_error(reply, 503, "the engine is asleep (level 1: the KV cache and the weights released); "
                       "POST /wake_up first", caplog)
     finally:
-        asyncio.run(backend.wake_up(None))
+        asyncio.run(backend.control(WakeUp()))
     assert _post(served, "/v1/chat/completions", CHAT).status_code == 200
 
 

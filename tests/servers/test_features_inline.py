@@ -10,7 +10,7 @@ import torch
 
 from mm_infer.media import preprocess_images
 from mm_infer.prompt.request import MediaItem, items_from_packed
-from servers.openai.features import decode_item, encode_item
+from servers.openai.media.features import decode_item, encode_item
 
 IMAGE = Path(__file__).resolve().parents[2] / "assets" / "media" / "shapes" / "colour_example.png"
 

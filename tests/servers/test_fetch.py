@@ -13,10 +13,10 @@ from local_http import serve_locally
 from server_cases import MEDIA
 
 from mm_infer.media import MediaDecodeError, MediaTooLargeError
-from servers.openai import media_fetch
+from servers.openai.bodies.errors import ApiError
 from servers.openai.config import FetchConfig
-from servers.openai.errors import ApiError
-from servers.openai.media import MediaFetcher, is_public_address
+from servers.openai.media import fetch as media_fetch
+from servers.openai.media.request_media import MediaFetcher, is_public_address
 
 PHOTO = (MEDIA / "images" / "photo.png").read_bytes()
 

@@ -13,9 +13,9 @@ import pytest
 from server_cases import API_KEY
 from test_errors import AUTH, assert_error, b64, chat, image, post
 
-from servers.openai.logprobs import LOGPROB_FLOOR
-from servers.openai.metrics import Metrics
-from servers.openai.middleware import ServerMiddleware
+from servers.openai.answers.logprobs import LOGPROB_FLOOR
+from servers.openai.web.metrics import Metrics
+from servers.openai.web.middleware import ServerMiddleware
 
 
 class _Records(logging.Handler):

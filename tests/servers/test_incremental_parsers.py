@@ -8,7 +8,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servers.openai.output_parsers import OutputParser, Parsed, build_output_parser
+from servers.openai.answers.parsers import OutputParser, Parsed, build_output_parser
 
 CALL = '{"name": "f", "arguments": {"x": 1}}'
 PIECES = ["<think>", "</think>", "<tool_call>", "</tool_call>", CALL, '{"arguments": {}}', "{bad", "\n", "\n\n", " ",

@@ -15,8 +15,8 @@ from server_cases import API_KEY, CKPT, MEDIA, SMALL, data_url
 
 from mm_infer.prompt.request import MediaItem
 from servers.openai.config import FetchConfig, ServerConfig
-from servers.openai.features import decode_item, encode_item
 from servers.openai.launch import BackgroundServer, free_port
+from servers.openai.media.features import decode_item, encode_item
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 VIDEO = MEDIA / "videos" / "pan_h264_2fps_59.mp4"

@@ -9,9 +9,7 @@ import threading
 import pytest
 from fastapi.encoders import jsonable_encoder
 
-from servers.openai import json_out
-from servers.openai.json_out import JsonBody, compact, json_answer, sse
-from servers.openai.replies import (
+from servers.openai.bodies.replies import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -25,6 +23,8 @@ from servers.openai.replies import (
     TopLogprob,
     Usage,
 )
+from servers.openai.web import json_encoding as json_out
+from servers.openai.web.json_encoding import JsonBody, compact, json_answer, sse
 
 LOGPROBS = ChoiceLogprobs(content=[TokenLogprob(token="é", logprob=-0.25, top_logprobs=[TopLogprob(token="a",
                                                                                                    logprob=-9999.0)])])

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from servers.openai.addresses import check_host_form
+from servers.openai.bodies.errors import ApiError
 from servers.openai.config import FetchConfig
-from servers.openai.errors import ApiError
-from servers.openai.media import MediaFetcher, is_public_address
+from servers.openai.media.addresses import check_host_form
+from servers.openai.media.request_media import MediaFetcher, is_public_address
 
 
 @pytest.mark.parametrize("address", [

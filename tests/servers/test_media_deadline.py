@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 from local_http import serve_locally
 
+from servers.openai.bodies.errors import ApiError
 from servers.openai.config import FetchConfig
-from servers.openai.errors import ApiError
-from servers.openai.media import MediaFetcher
+from servers.openai.media.request_media import MediaFetcher
 
 DRIP_BYTES = 40  # one every 0.2 s: 8 s in all, each gap well under the 1 s timeout
 GAP_S = 0.2

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from mm_infer.media import MediaTooLargeError
+from servers.openai.bodies.errors import ApiError
 from servers.openai.config import FetchConfig
-from servers.openai.errors import ApiError
-from servers.openai.media import MediaFetcher
+from servers.openai.media.request_media import MediaFetcher
 
 
 def fetch(config: FetchConfig, url: str) -> bytes:

@@ -12,10 +12,10 @@ from server_cases import MEDIA, SMALL, data_url
 from mm_infer.media import MediaProcessor
 from mm_infer.prompt.media import MediaDefaults
 from mm_infer.prompt.request import MediaItem
+from servers.openai.bodies.errors import ApiError
 from servers.openai.config import FetchConfig, MediaCaps
-from servers.openai.errors import ApiError
-from servers.openai.media import MediaFetcher, MediaResolver, media_client_scope
-from servers.openai.messages import MediaRef
+from servers.openai.media.request_media import MediaFetcher, MediaResolver, media_client_scope
+from servers.openai.prompting.messages import MediaRef
 
 PHOTO = data_url(MEDIA / "images" / "photo.png", "image/png")
 GRAY = data_url(MEDIA / "images" / "gray.png", "image/png")

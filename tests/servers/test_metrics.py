@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from server_cases import API_KEY, CKPT
 
-from servers.openai.metrics import Metrics, Reading, exposition
+from servers.openai.web.metrics import Metrics, Reading, exposition
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = CKPT.name

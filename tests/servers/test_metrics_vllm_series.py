@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_cases import API_KEY, CKPT, MAX_MODEL_LEN, MEDIA, NUM_BLOCKS, data_url
 
-from mm_infer.engine.request_stats import (
+from mm_infer.engine.outputs.request_stats import (
     ITERATION_TOKENS,
     REQUEST_LATENCY,
     TOKEN_LATENCY,
@@ -21,7 +21,7 @@ from mm_infer.engine.request_stats import (
     build_1_2_5_buckets,
 )
 from servers.openai.launch import BackgroundServer
-from servers.openai.metrics_collector import VLLM_E2E_BUCKETS, VLLM_TTFT_BUCKETS, Reading, vllm_engine_families
+from servers.openai.web.metrics_collector import VLLM_E2E_BUCKETS, VLLM_TTFT_BUCKETS, Reading, vllm_engine_families
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = CKPT.name

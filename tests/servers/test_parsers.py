@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from servers.openai.output_parsers import HermesToolParser, OutputParser, ThinkParser, build_output_parser
+from servers.openai.answers.parsers import HermesToolParser, OutputParser, ThinkParser, build_output_parser
 
 
 def test_think_splits_reasoning_from_content():

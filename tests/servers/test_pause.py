@@ -199,7 +199,7 @@ def test_the_gate_hands_freed_heap_back_when_the_last_request_leaves():
     import asyncio
 
     from mm_infer.engine_core.heap_trim import IdleTrimmer
-    from servers.openai.pause import PauseGate
+    from servers.openai.control.pause import PauseGate
 
     async def scenario() -> list[float]:
         now, trims = [0.0], []

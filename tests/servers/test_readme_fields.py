@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from servers.openai.errors import ApiError
-from servers.openai.media_options import media_io_video
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
-from servers.openai.responses_api.build import _check_supported
-from servers.openai.responses_api.protocol import ResponsesRequest
-from servers.openai.sampling_params import to_sampling_params
+from servers.openai.bodies.errors import ApiError
+from servers.openai.bodies.requests import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from servers.openai.bodies.sampling_params import to_sampling_params
+from servers.openai.endpoints.responses_api.build import _check_supported
+from servers.openai.endpoints.responses_api.protocol import ResponsesRequest
+from servers.openai.media.options import media_io_video
 
 README = Path(__file__).resolve().parents[2] / "servers" / "openai" / "README.md"
 MODELS: dict[str, type[BaseModel]] = {"chat": ChatCompletionRequest, "compl.": CompletionRequest,

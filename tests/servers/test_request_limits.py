@@ -10,9 +10,9 @@ import pytest
 from server_cases import MEDIA, data_url
 from test_errors import assert_error, chat, post
 
-from servers.openai.admission import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS
-from servers.openai.protocol import ChatCompletionRequest
-from servers.openai.sampling_params import to_sampling_params
+from servers.openai.bodies.requests import ChatCompletionRequest
+from servers.openai.bodies.sampling_params import to_sampling_params
+from servers.openai.prompting.admission import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 INT70 = 2**70
 

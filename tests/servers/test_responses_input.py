@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter
 
-from mm_infer.engine.outputs import CompletionOutput
-from servers.openai.errors import ApiError
-from servers.openai.messages import parse_messages
-from servers.openai.output_parsers import Parsed, ParsedToolCall
-from servers.openai.responses_api.build import output_items
-from servers.openai.responses_api.inputs import to_chat_messages
-from servers.openai.responses_api.protocol import InputItem
+from mm_infer.engine.outputs.request_output import CompletionOutput
+from servers.openai.answers.parsers import Parsed, ParsedToolCall
+from servers.openai.bodies.errors import ApiError
+from servers.openai.endpoints.responses_api.build import output_items
+from servers.openai.endpoints.responses_api.inputs import to_chat_messages
+from servers.openai.endpoints.responses_api.protocol import InputItem
+from servers.openai.prompting.messages import parse_messages
 
 ITEMS = TypeAdapter(list[InputItem])
 A = {"prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]}

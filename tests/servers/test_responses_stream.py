@@ -7,10 +7,10 @@ import json
 
 from server_cases import MEDIA, SMALL, data_url
 
-from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.responses_api.build import response_head, to_chat_request
-from servers.openai.responses_api.protocol import ResponsesRequest
-from servers.openai.responses_api.stream import response_events
+from mm_infer.engine.outputs.request_output import CompletionOutput, OutputAccumulator, RequestOutput
+from servers.openai.endpoints.responses_api.build import response_head, to_chat_request
+from servers.openai.endpoints.responses_api.protocol import ResponsesRequest
+from servers.openai.endpoints.responses_api.stream import response_events
 
 MM = {"mm_processor_kwargs": {"max_pixels": SMALL}}
 
@@ -43,15 +43,27 @@ def _snapshot(text: str, ids: list[int], finish: str | None) -> RequestOutput:
     return RequestOutput("r", None, [1, 2, 3], [comp], finished=finish is not None)
 
 
+class _Deltas:
+    """What response_events reads of a Generation: its DELTA outputs, and the answer they add up to."""
+
+    def __init__(self, outs: list[RequestOutput]) -> None:
+        self.outs, self.streamed = outs, OutputAccumulator()
+
+    async def stream(self):
+        for out in self.outs:
+            yield self.streamed.add(out)
+
+    def whole(self) -> RequestOutput | None:
+        return self.streamed.whole()
+
+
 def _events(state, req: ResponsesRequest, texts: list[str], finish: str) -> list[dict]:
-    async def snapshots():  # DELTA outputs, as the server streams them: what is new in each text
-        for i, text in enumerate(texts):
-            before = texts[i - 1] if i else ""
-            yield _snapshot(text[len(before):], [10 + i], finish if i == len(texts) - 1 else None)
+    deltas = _Deltas([_snapshot(text[len(texts[i - 1]) if i else 0:], [10 + i],  # what is new in each text
+                                finish if i == len(texts) - 1 else None) for i, text in enumerate(texts)])
 
     async def collect() -> list[str]:
         chat = to_chat_request(req)
-        return [e async for e in response_events(state, response_head(state, req, "resp_t", 0), chat, snapshots())]
+        return [e async for e in response_events(state, response_head(state, req, "resp_t", 0), chat, deltas)]
 
     return [json.loads(e.split("data: ", 1)[1]) for e in asyncio.run(collect())]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from servers.openai.errors import ApiError
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest
-from servers.openai.sampling_params import to_sampling_params
+from servers.openai.bodies.errors import ApiError
+from servers.openai.bodies.requests import ChatCompletionRequest, CompletionRequest
+from servers.openai.bodies.sampling_params import to_sampling_params
 
 MSG = [{"role": "user", "content": "x"}]
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from server_cases import CKPT, MEDIA, SMALL, data_url
 
-from mm_infer.engine.sampling import SamplingParams
-from mm_infer.engine.sleep_state import EngineAsleepError
+from mm_infer.engine.control.sleep_state import EngineAsleepError
+from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.llm import LLM
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port

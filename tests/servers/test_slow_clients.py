@@ -11,9 +11,9 @@ import time
 import pytest
 import uvicorn
 
-from servers.openai import slow_clients
 from servers.openai.launch import free_port
-from servers.openai.slow_clients import HeaderDeadlineProtocol, event_loop, header_deadline_protocol
+from servers.openai.web import slow_clients
+from servers.openai.web.slow_clients import HeaderDeadlineProtocol, event_loop, header_deadline_protocol
 
 LIMIT = 0.6
 PROTOCOLS = [pytest.param(False, id="h11"),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from mm_infer.engine.outputs import CompletionOutput
-from servers.openai.chat import _delta, _Sent
-from servers.openai.output_parsers import build_output_parser
-from servers.openai.protocol import ChatCompletionRequest
-from servers.openai.replies import ChatChunkChoice
+from mm_infer.engine.outputs.request_output import CompletionOutput
+from servers.openai.answers.parsers import build_output_parser
+from servers.openai.bodies.replies import ChatChunkChoice
+from servers.openai.bodies.requests import ChatCompletionRequest
+from servers.openai.endpoints.chat import _delta, _Sent
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 SNAPSHOTS = ["<think>The us", "<think>The user wants</th", "<think>The user wants</think>Let me", "<think>The user "

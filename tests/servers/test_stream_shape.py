@@ -11,10 +11,10 @@ import pytest
 from server_cases import API_KEY, CKPT
 from transformers import AutoTokenizer
 
-from mm_infer.engine.outputs import CompletionOutput, RequestOutput
-from servers.openai.chat import _delta, _Sent, chat_response
-from servers.openai.output_parsers import build_output_parser
-from servers.openai.protocol import ChatCompletionRequest
+from mm_infer.engine.outputs.request_output import CompletionOutput, RequestOutput
+from servers.openai.answers.parsers import build_output_parser
+from servers.openai.bodies.requests import ChatCompletionRequest
+from servers.openai.endpoints.chat import _delta, _Sent, chat_response
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MSG = [{"role": "user", "content": "Describe a quiet street."}]

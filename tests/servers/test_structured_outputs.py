@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from servers.openai.output_parsers import OutputParser
-from servers.openai.protocol import ChatCompletionRequest
-from servers.openai.structured import request_parser
+from servers.openai.answers.parsers import OutputParser
+from servers.openai.bodies.requests import ChatCompletionRequest
+from servers.openai.bodies.structured import request_parser
 
 MODEL = "tiny-qwen2-vl"
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}},
@@ -134,8 +134,8 @@ def test_invalid_constraints_are_400_naming_the_problem(client, kw, words):
 
 def test_responses_text_format_and_a_named_tool_become_the_chat_constraints(client):
     """/v1/responses: text.format (flat json_schema) and a named tool_choice reach the chat request that runs."""
-    from servers.openai.responses_api.build import to_chat_request
-    from servers.openai.responses_api.protocol import ResponsesRequest
+    from servers.openai.endpoints.responses_api.build import to_chat_request
+    from servers.openai.endpoints.responses_api.protocol import ResponsesRequest
 
     chat_req = to_chat_request(ResponsesRequest(input="x", text={"format": {
         "type": "json_schema", "name": "weather", "schema": SCHEMA, "strict": True}}))

@@ -13,9 +13,9 @@ import pytest
 from server_cases import API_KEY, CKPT
 
 from mm_infer.prompt.template_workers import TemplateLimits
-from servers.openai.admission import text_char_limit
 from servers.openai.config import ServerConfig
 from servers.openai.launch import BackgroundServer, free_port
+from servers.openai.prompting.admission import text_char_limit
 
 MODEL = "tiny-qwen2-vl"
 TIMEOUT_S = 3.0  # the template deadline here (the default is 5 s)

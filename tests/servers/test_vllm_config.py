@@ -12,11 +12,11 @@ import httpx
 import pytest
 from server_cases import API_KEY, CKPT, SMALL
 
+from servers.openai.bodies.generation_defaults import load_generation_defaults, log_generation_defaults
+from servers.openai.bodies.requests import ChatCompletionRequest, CompletionRequest
+from servers.openai.bodies.sampling_params import to_sampling_params
 from servers.openai.config import ServerConfig
-from servers.openai.generation_defaults import load_generation_defaults, log_generation_defaults
 from servers.openai.launch import BackgroundServer, free_port
-from servers.openai.protocol import ChatCompletionRequest, CompletionRequest
-from servers.openai.sampling_params import to_sampling_params
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TEMPLATE = "{% for m in messages %}S:{{ m.content }};{% endfor %}"

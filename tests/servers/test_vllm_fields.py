@@ -8,10 +8,10 @@ import httpx
 import pytest
 from server_cases import API_KEY, SMALL
 
-from mm_infer.engine.outputs import CompletionOutput, RequestOutput
+from mm_infer.engine.outputs.request_output import CompletionOutput, RequestOutput
 from mm_infer.prompt.templating import ChatRenderer
-from servers.openai.chat import _delta, _Sent, chat_response
-from servers.openai.protocol import ChatCompletionRequest
+from servers.openai.bodies.requests import ChatCompletionRequest
+from servers.openai.endpoints.chat import _delta, _Sent, chat_response
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 USER = [{"role": "user", "content": "hi"}]

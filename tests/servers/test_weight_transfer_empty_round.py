@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from mm_infer.engine.control import ControlOp, DiscardWeights
-from mm_infer.engine.sleep_state import SleepState
+from mm_infer.engine.control.ops import ControlOp, DiscardWeights
+from mm_infer.engine.control.sleep_state import SleepState
 from mm_infer.serving import BackendFacts
-from servers.openai.errors import ApiError
-from servers.openai.pause import PauseGate
-from servers.openai.sleep import SleepControl
-from servers.openai.weight_transfer import TransferSession
+from servers.openai.bodies.errors import ApiError
+from servers.openai.control.pause import PauseGate
+from servers.openai.control.sleep import SleepControl
+from servers.openai.control.weight_transfer import TransferSession
 
 
 class _Engine:

@@ -1,0 +1,1 @@
+"""Control of a running engine: the typed operations, sleep and wake, and the sleep state."""

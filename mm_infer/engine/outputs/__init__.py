@@ -1,0 +1,1 @@
+"""What leaves the engine: request outputs, incremental detokenisation, stop rules, per-request streams and stats."""

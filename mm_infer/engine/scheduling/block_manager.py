@@ -1,0 +1,142 @@
+"""BlockManager: a fixed pool of paged KV blocks with ref counts and a hash-chained prefix cache."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mm_infer.engine.scheduling.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None  # set once the block is full, computed and registered in the cache
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens of admitted sequences
+    hits: int = 0  # of which served from cache
+
+
+class BlockManager:
+    """Owns every KV block. Free blocks keep their hash until reused, so they still serve prefix hits (LRU)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
+        self.used_ids: set[int] = set()
+        self.hash_to_block: dict[bytes, int] = {}
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Pin cached full blocks of seq's tokens (at least one token is left to compute); return tokens hit."""
+        assert not seq.block_table and seq.num_computed_tokens == 0, "match_prefix on a fresh sequence only"
+        if not self.enable_prefix_caching:
+            return 0
+        max_blocks = (len(seq) - 1) // self.block_size
+        hit = 0
+        while hit < max_blocks:
+            block_id = self.hash_to_block.get(seq.block_hash(hit, self.block_size))
+            if block_id is None:
+                break
+            self._take(block_id)
+            seq.block_table.append(block_id)
+            hit += 1
+        num_tokens = hit * self.block_size
+        seq.num_computed_tokens = num_tokens
+        seq.num_cached_tokens = num_tokens
+        return num_tokens
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) - len(seq.block_table) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow seq's block table to hold num_tokens tokens; False (nothing changed) if the pool is short."""
+        if len(seq.block_table) * self.block_size >= num_tokens:
+            return True
+        if not self.can_allocate(seq, num_tokens):
+            return False
+        for _ in range(self.blocks_needed(num_tokens) - len(seq.block_table)):
+            block_id = next(iter(self.free_ids))
+            block = self.blocks[block_id]
+            if block.hash is not None:  # evict the cached content it held
+                if self.hash_to_block.get(block.hash) == block_id:
+                    del self.hash_to_block[block.hash]
+                block.hash = None
+            self._take(block_id)
+            seq.block_table.append(block_id)
+        return True
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the hashes of seq's full, computed blocks so later sequences can hit them."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        for i in range(seq.num_committed_blocks, full):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                h = seq.block_hash(i, self.block_size)
+                if h not in self.hash_to_block:  # a twin computed elsewhere keeps the cache entry
+                    self.hash_to_block[h] = block.block_id
+                    block.hash = h
+        seq.num_committed_blocks = max(seq.num_committed_blocks, full)
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's blocks (most recent last, so the prefix is evicted last)."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.used_ids.discard(block_id)
+                self.free_ids[block_id] = None
+                if block.hash is None:  # uncached blocks go first in line for reuse
+                    self.free_ids.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.num_committed_blocks = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (after a weight update the cached KV is stale)."""
+        for block_id in list(self.hash_to_block.values()):
+            self.blocks[block_id].hash = None
+        self.hash_to_block.clear()
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_ids[block_id]
+            self.used_ids.add(block_id)
+        block.ref_count += 1
+
+    def check_invariants(self, live: Iterable[Sequence]) -> None:
+        """Raise AssertionError unless free + used = total, refs match tables and no block is owned twice."""
+        assert not (set(self.free_ids) & self.used_ids), "a block is both free and used"
+        assert len(self.free_ids) + len(self.used_ids) == self.num_blocks, "free + used != total"
+        refs = [0] * self.num_blocks
+        for seq in live:
+            assert len(set(seq.block_table)) == len(seq.block_table), f"seq {seq.seq_id} holds a block twice"
+            for block_id in seq.block_table:
+                refs[block_id] += 1
+        for block in self.blocks:
+            assert block.ref_count == refs[block.block_id], f"block {block.block_id} ref count mismatch"
+            assert (block.ref_count > 0) == (block.block_id in self.used_ids), f"block {block.block_id} state"
+            assert block.ref_count <= 1 or block.hash is not None, f"shared block {block.block_id} not cached"
+        for h, block_id in self.hash_to_block.items():
+            assert self.blocks[block_id].hash == h, "hash table points to a block holding other content"

@@ -1,0 +1,1 @@
+"""RL control over HTTP: the pause gate, sleep and wake, refits from disk, weight-transfer rounds."""

@@ -1,0 +1,1 @@
+"""The HTTP layer: middleware, slow-client and shutdown handling, JSON encoding, metrics."""
