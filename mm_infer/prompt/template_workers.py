@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mm_infer.distributed.owned_child import ignore_group_signals
+from mm_infer.owned_child import ignore_group_signals
 from mm_infer.prompt.placeholders import PromptError
 
 _HEADER = 8  # bytes of big-endian length before each JSON message

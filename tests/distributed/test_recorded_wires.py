@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 import pytest
+from recorded_compare import LOGPROB_ATOL
+from recorded_compare import differences as compare
 from recorded_wires import FAMILIES, RECORD, serve_and_ask
-
-LOGPROB_ATOL = 1e-5  # as tests/engine/test_recorded_outputs.py: the recording was made on another CPU
 
 
 def _split(value: Any, floats: list[float]) -> Any:
@@ -30,19 +30,13 @@ def _split(value: Any, floats: list[float]) -> Any:
     return value
 
 
+def _skeleton(case: Any) -> tuple[Any, list[float]]:
+    floats: list[float] = []
+    return _split(case, floats), floats
+
+
 def differences(recorded: dict[str, Any], now: dict[str, Any], atol: float = LOGPROB_ATOL) -> list[str]:
-    found = []
-    for name in recorded:
-        want_f: list[float] = []
-        got_f: list[float] = []
-        want, got = _split(recorded[name], want_f), _split(now.get(name), got_f)
-        if got != want:
-            found.append(f"{name}: ids, text, reasons or top-k tokens differ")
-            continue
-        worst = max((abs(a - b) for a, b in zip(want_f, got_f, strict=True)), default=0.0)
-        if worst > atol:
-            found.append(f"{name}: a logprob differs by {worst:.2e} > {atol:.0e}")
-    return found
+    return compare(recorded, now, _skeleton, atol)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
