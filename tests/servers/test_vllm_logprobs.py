@@ -105,3 +105,26 @@ def test_echo_logprobs_match_hf(server):
         assert abs(own - ref[pos, IDS[pos + 1]].item()) < 1e-4
         best = int(ref[pos].argmax())
         assert abs(top[f"token_id:{best}"] - ref[pos, best].item()) < 1e-4  # the chosen token + the top 1
+
+
+def test_chat_top_logprobs_list_the_sampled_token_first_as_vllm_does(server):
+    # vLLM builds each position's logprob dict with the sampled token first, then the top k, and the chat answer
+    # takes its first k entries. When a bias makes a low-ranked token the greedy pick, that token leads the list
+    # and the raw top alternatives follow. Catches a plain top-k list (the biased token would be missing).
+    def ask(bias: dict[str, float] | None) -> dict:
+        body = {"messages": [{"role": "user", "content": "Describe a quiet street."}], "max_tokens": 2,
+                "temperature": 0, "logprobs": True, "top_logprobs": 3, "return_tokens_as_token_ids": True,
+                "logit_bias": bias}
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["logprobs"]["content"][0]
+
+    plain = ask(None)
+    ranked = [t["token"] for t in plain["top_logprobs"]]
+    assert ranked[0] == plain["token"]  # unbiased greedy: the sampled token is the top one
+    forced = 1234
+    biased = ask({str(forced): 100.0})
+    tops = biased["top_logprobs"]
+    assert biased["token"] == f"token_id:{forced}" and tops[0]["token"] == biased["token"]
+    assert tops[0]["logprob"] == biased["logprob"] < plain["top_logprobs"][-1]["logprob"]  # raw logprob: low
+    assert [t["token"] for t in tops[1:]] == ranked[:2]  # then the raw top alternatives, in rank order

@@ -71,10 +71,23 @@ def chat_logprobs(tokenizer: Any, comp: CompletionOutput, start: int, k: int, as
         context = ids[max(0, shift + i - CONTEXT_TOKENS):shift + i]
         token = token_str(tokenizer, comp.token_ids[i], as_ids, context)
         alts = comp.top_logprobs[i] if comp.top_logprobs and i < len(comp.top_logprobs) else None
+        top = _sampled_first(comp.token_ids[i], comp.logprobs[i], alts, k)
         out.append(TokenLogprob(token=token, logprob=json_logprob(comp.logprobs[i]), bytes=_utf8(token),
-                                top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=_utf8(t))
-                                              for t, lp in _top(tokenizer, alts, k, as_ids, context)]))
+                                top_logprobs=[TopLogprob(token=t, logprob=json_logprob(lp), bytes=_utf8(t))
+                                              for t, lp in ((token if tid == comp.token_ids[i] else
+                                                             token_str(tokenizer, tid, as_ids, context), lp)
+                                                            for tid, lp in top)]))
     return out
+
+
+def _sampled_first(token: int, lp: float, alts: dict[int, float] | None, k: int) -> list[tuple[int, float]]:
+    """A chat entry's top_logprobs as vLLM lists them: the sampled token first, then the top alternatives by
+    rank without it, k in all. The sampled token is the top one unless penalties, a bias, truncation or the draw
+    moved it, so only then does this differ from the plain top k."""
+    if k <= 0:
+        return []
+    ranked = [(t, v) for t, v in sorted((alts or {}).items(), key=lambda kv: -kv[1]) if t != token]
+    return [(token, lp), *ranked][:k]
 
 
 def _with_sampled(tokenizer: Any, token: int, lp: float | None, alts: dict[int, float] | None, k: int,

@@ -233,10 +233,11 @@ def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOu
 class _Sent:
     """What one choice has streamed so far, and its incremental parser (made on its first delta)."""
 
-    def __init__(self, opened: bool = False) -> None:
+    def __init__(self, opened: bool = False, keep_ids: bool = False) -> None:
         self.opened = opened  # the prompt left a reasoning section open
         self.stream: OutputStream | None = None
         self.tokens = 0
+        self.ids: list[int] | None = [] if keep_ids else None  # every sampled id, when a live count needs them
         self.last_ids: list[int] = []  # the last few sampled ids: they may complete a partial character's logprob token
         self.calls = 0
         self.done = False
@@ -264,6 +265,8 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
         logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
                                                         req.return_tokens_as_token_ids, sent.last_ids))
     sent.tokens += len(comp.token_ids)
+    if sent.ids is not None:
+        sent.ids += comp.token_ids
     sent.last_ids = [*sent.last_ids, *comp.token_ids][-CONTEXT_TOKENS:]
     sent.done = final
     reasoning = piece.reasoning if req.include_reasoning else ""
@@ -285,16 +288,33 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
                     "choices": [choice], **(head or {}), **compact(**extra, weight_version=output_version(state, out))})
 
     assert gen.first is not None
-    sent = [_Sent(prompt_opens_reasoning(state, req, gen.first.prompt_token_ids)) for _ in range(req.n)]
+    so_far = running_usage(req.stream_options, len(gen.first.prompt_token_ids))
+    reasoning_on = request_parser(state.parser, req).reasoning is not None
+    live_reasoning = reasoning_on and so_far(0) is not None
+    sent = [_Sent(prompt_opens_reasoning(state, req, gen.first.prompt_token_ids), live_reasoning)
+            for _ in range(req.n)]
     # vLLM sends system_fingerprint on a choice's last chunk, or on the usage chunk when one is asked for
     usage_asked = req.stream_options is not None and bool(req.stream_options.include_usage)
-    so_far = running_usage(req.stream_options, len(gen.first.prompt_token_ids))
+
+    def live_usage(i: int) -> dict[str, Any] | None:
+        """vLLM's continuous usage on a chat chunk: that choice's tokens so far, completion_tokens_details always
+        there (null, or its reasoning tokens so far under a reasoning parser)."""
+        total = so_far(sent[i].tokens)
+        if total is None:
+            return None
+        details = None
+        if live_reasoning:
+            details = {"reasoning_tokens": reasoning_tokens(state.preparer.tokenizer, sent[i].ids or [],
+                                                            sent[i].span(), req.skip_special_tokens)}
+        return {"prompt_tokens": total.prompt_tokens, "completion_tokens": total.completion_tokens,
+                "total_tokens": total.total_tokens, "completion_tokens_details": details}
+
     for i in range(req.n):
         role = {"index": i, "delta": {"role": "assistant", "content": echo_text(req)}, "logprobs": None,
                 "finish_reason": None}
         ids = list(gen.first.prompt_token_ids) if req.return_token_ids and i == 0 else None
         yield chunk(role, None, {"prompt_token_ids": ids, "prompt_text": None},  # vLLM: both keys, maybe null
-                    usage=so_far(0), prompt_media=media if req.return_token_ids and i == 0 else None)
+                    usage=live_usage(i), prompt_media=media if req.return_token_ids and i == 0 else None)
 
     def event(_: int, out: RequestOutput) -> bytes | None:
         events = []
@@ -303,7 +323,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
                 continue
             choice = _delta(state, req, c, sent[c.index])
             ending = {"system_fingerprint": SYSTEM_FINGERPRINT} if choice["finish_reason"] and not usage_asked else None
-            events.append(chunk(choice, out, ending, usage=so_far(sum(s.tokens for s in sent))))
+            events.append(chunk(choice, out, ending, usage=live_usage(c.index)))
         return b"".join(events) or None
 
     def usage_chunk(total: Usage) -> bytes | str:
