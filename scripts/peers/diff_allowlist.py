@@ -56,10 +56,27 @@ ALLOWLIST: tuple[Allowed, ...] = (
     *(Allowed(case, "value", path, "the suite's video (pan_h264_2fps_59.mp4, 59 frames) is one where vLLM's M-RoPE "
               "positions after a video differ from HF's: mm-infer follows HF, the oracle, by default; "
               "--mrope-after-video vllm gives vLLM's ids and logprobs (docs/video.md, test_vllm_peer_video.py)")
-      for case in ("*.video.*", "*.video") for path in ("*logprob*", "*content*", "*.token", "*.bytes*", "*text*")),
+      for case in ("*.video.*", "*.video")
+      for path in ("*logprob*", "*content*", "*reasoning*", "*.token", "*.bytes*", "*text*")),
     *(Allowed(case, "status", "status", "n > 1 at temperature 0 gives n equal greedy samples here (a GRPO group "
               "evaluated greedily keeps its shape); vLLM 0.32 refuses it with a 400")
       for case in ("*.n", "*.n+*", "*+n", "*+n+*")),  # the cases that set n (named by their fields)
+    *(Allowed(case, "value", path, "a token-id prompt that ends inside a UTF-8 character ([2141, 185], [159]): "
+              "vLLM primes tokenizers' DecodeStream with the prompt, and a prompt whose text ends in U+FFFD makes "
+              "the stream start over, so vLLM's first answer text repeats the whole prompt (' special\ufffdactions'"
+              ", then cut at the stop string 'a'). mm-infer's text is the generated tokens' alone. Ids and "
+              "logprobs agree") for case, path in (("completion.292.*", "body.choices[].text"),
+                                                   ("completion.15.defaults", "stream.choices.0.text"))),
+    Allowed("*", "value", "stream.usage.completion_tokens_details.reasoning_tokens", "vLLM's streamed count skips "
+            "a token whose text its detokenizer held back (an empty delta, e.g. a partial UTF-8 byte), so it is "
+            "one less than vLLM's own count of the same answer unstreamed; mm-infer counts the same streamed or not "
+            "(and equals vLLM's unstreamed count)"),
+    *(Allowed(case, "skeleton", path, "a logit_bias that forces the reasoning end token over and over: vLLM's "
+              "token-level parser takes each later </think> as a terminal and drops it (content null, empty "
+              "reasoning null); mm-infer's text parser ends the reasoning at the first </think> and keeps the later "
+              "ones as content. Left for the hybrid-model work, which reworks the reasoning parsers (docs/"
+              "vllm-compat.md)") for case in ("reasoning.*.logit_bias",)
+      for path in ("body.choices[].message.reasoning", "body.choices[].message.content")),
     Allowed("error.n_zero", "skeleton", "body.error.param", "the 400 names the field (n); vLLM leaves param null"),
     Allowed("error.top_logprobs_too_many", "value", "body.error.param", "the 400 names the field the client sent "
             "(top_logprobs); vLLM names its internal one (logprobs)"),

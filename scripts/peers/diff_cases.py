@@ -178,10 +178,13 @@ OPENAI_FIELDS: dict[str, Any] = {
 
 def sweep_cases() -> list[Case]:
     """One field at a time: sent as null, and OpenAI's own fields with a value."""
+    # a null temperature is the default (1.0: sampled), so that case compares shapes only
     cases = [Case(f"null.completion.{k}", "POST", "/v1/completions",
-                  {"model": MODEL, "prompt": "hi", "max_tokens": 4, "temperature": 0, k: None}) for k in NULLABLE]
+                  {"model": MODEL, "prompt": "hi", "max_tokens": 4, "temperature": 0, k: None},
+                  greedy=k != "temperature") for k in NULLABLE]
     base = {"model": MODEL, "messages": USER, "max_tokens": 4, "temperature": 0}
-    cases += [Case(f"null.chat.{k}", "POST", "/v1/chat/completions", {**base, k: None}) for k in CHAT_NULLABLE]
+    cases += [Case(f"null.chat.{k}", "POST", "/v1/chat/completions", {**base, k: None}, greedy=k != "temperature")
+              for k in CHAT_NULLABLE]
     cases += [Case(f"openai.{k}", "POST", "/v1/chat/completions", {**base, k: v}) for k, v in OPENAI_FIELDS.items()]
     return cases
 

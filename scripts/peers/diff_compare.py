@@ -137,8 +137,8 @@ def _signature(event: Any) -> str:
     def skel(x: Any) -> Any:
         if isinstance(x, dict):
             return {k: skel(v) for k, v in sorted(x.items())}
-        if isinstance(x, list):
-            return [skel(x[0])] if x else []
+        if isinstance(x, list):  # a list of scalars is an array whatever it holds (bytes may be empty)
+            return [skel(x[0])] if x and isinstance(x[0], (dict, list)) else "array"
         return json_type(x)
     return json.dumps(skel(event), sort_keys=True) if event != "[DONE]" else "[DONE]"
 
@@ -166,10 +166,49 @@ def event_sequence(events: tuple[Any, ...], ignored: frozenset[str] = frozenset(
     return seq
 
 
+ENDING_KEYS = ("finish_reason", "stop_reason")  # a choice's keys that the later of two joined chunks decides
+
+
+def _join_values(older: Any, newer: Any) -> Any:
+    if isinstance(older, dict) and isinstance(newer, dict):
+        return {**older, **{k: _join_values(older.get(k), v) for k, v in newer.items()}}
+    return older if newer is None or newer == {} else newer if older is None or older == {} else older
+
+
+def join_chunks(older: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
+    """Two chunks of one choice as one: the union of their keys (a delta's text, tool calls, logprobs, ids), the
+    newer chunk's ending keys and fingerprint."""
+    a, b = older["choices"][0], newer["choices"][0]
+    choice = {**_join_values(a, b), **{k: b[k] for k in ENDING_KEYS if k in b}}
+    top = {**_join_values({k: v for k, v in older.items() if k != "choices"},
+                          {k: v for k, v in newer.items() if k != "choices"}),
+           **{k: newer[k] for k in ("system_fingerprint", "usage") if k in newer}}
+    return {**top, "choices": [choice]}
+
+
+def joined_stream(events: tuple[Any, ...]) -> list[Any]:
+    """A stream with each choice's content chunks joined into one (in order of first appearance): how finely a
+    server cuts a stream depends on how fast its engine runs against its reader (vLLM also joins what its reader
+    has not taken yet, and sends an empty delta for a token whose text it holds back), not on the API. Role
+    chunks, chunks without choices (usage) and [DONE] stay as they are."""
+    head: list[Any] = []
+    joined: dict[Any, dict[str, Any]] = {}
+    tail: list[Any] = []
+    for event in events:
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if not choices or len(choices) != 1 or "role" in (choices[0].get("delta") or {}):
+            (tail if joined or not isinstance(event, dict) or not choices else head).append(event)
+            continue
+        index = choices[0].get("index")
+        joined[index] = join_chunks(joined[index], event) if index in joined else event
+    return [*head, *joined.values(), *tail]
+
+
 def sse_diffs(ours: tuple[Any, ...], theirs: tuple[Any, ...], values: bool,
               ours_only: frozenset[str] = frozenset()) -> list[Diff]:
     out = tree_diffs(fold_stream(ours), fold_stream(theirs), values, "stream")
-    a, b = event_sequence(ours, ours_only), event_sequence(theirs)
+    a = event_sequence(tuple(joined_stream(ours)), ours_only)
+    b = event_sequence(tuple(joined_stream(theirs)))
     if a != b:
         i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         first_a, first_b = (a[i] if i < len(a) else "end"), (b[i] if i < len(b) else "end")

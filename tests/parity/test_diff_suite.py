@@ -68,8 +68,22 @@ def test_streams_compare_by_meaning_not_by_how_tokens_were_split():
     lost = (_chunk("It"), _chunk(None, "stop"), "[DONE]")  # the answer cut short: a value difference
     assert ("value", "stream.choices.0.content") in _kinds(cmp.compare(_reply(events=lost), _reply(events=theirs),
                                                                       greedy=True))
-    no_done = ours[:-1]  # the stream's shape differs: an sse difference at the first unequal event
-    assert _kinds(cmp.compare(_reply(events=no_done), _reply(events=theirs), greedy=True)) == [("sse", "events[2]")]
+    no_done = ours[:-1]  # the stream's shape differs: an sse difference at the first unequal event (content chunks
+    assert _kinds(cmp.compare(_reply(events=no_done), _reply(events=theirs), greedy=True)) == [("sse", "events[1]")]
+    # joined: the choice's joined chunk is event 0, [DONE] event 1)
+
+
+def test_a_stream_whose_chunks_were_joined_matches_but_a_missing_ending_does_not():
+    # a fast engine joins deltas its reader has not taken yet (vLLM does too when it is the faster one): the last
+    # chunk of a joined run decides its finish_reason; catches a comparison that counts chunks, and one that
+    # forgives a stream whose last chunk lacks its finish_reason and fingerprint
+    theirs = (_chunk("It"), _chunk(" is"), _chunk(" calm."), {**_chunk(None, "stop"), "system_fingerprint": "x"},
+              "[DONE]")
+    joined = (_chunk("It"), {**_chunk(" is calm.", "stop"), "system_fingerprint": "x"}, "[DONE]")
+    assert cmp.compare(_reply(events=joined), _reply(events=theirs), greedy=True) == []
+    unfinished = (_chunk("It"), _chunk(" is calm."), "[DONE]")  # no chunk ever says why it ended
+    assert ("sse", "events[0]") in _kinds(cmp.compare(_reply(events=unfinished), _reply(events=theirs),
+                                                       greedy=True))
 
 
 def test_the_allowlist_explains_only_the_cases_and_kinds_it_names():

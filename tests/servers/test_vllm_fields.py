@@ -187,6 +187,20 @@ def test_chat_echo_prepends_the_last_message(server):
         "message"]["content"]  # the last message is the user's, not the answer's role: nothing echoed
 
 
+def test_completion_echo_with_return_token_ids_gives_the_prompt_as_ids_not_text(server):
+    # vLLM 0.32: echo with return_token_ids answers the prompt as prompt_token_ids and echoes no text; the echoed
+    # prompt's logprobs stay. Catches echoing the text twice over (ids and text)
+    body = {"prompt": "hello", "echo": True, "max_tokens": 3, "logprobs": 0, "ignore_eos": True}
+    with_ids = complete(server, **body, return_token_ids=True).json()["choices"][0]
+    text = complete(server, **body).json()["choices"][0]
+    assert text["text"].startswith("hello") and with_ids["text"] == text["text"][len("hello"):]
+    assert with_ids["prompt_token_ids"] and with_ids["logprobs"]["tokens"] == text["logprobs"]["tokens"]
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", headers=AUTH, timeout=120,
+                      json={**body, "temperature": 0, "stream": True, "return_token_ids": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == with_ids["text"]
+
+
 def test_completion_echo(server):
     ids = [100, 200, 300, 400]
     tok = server.state.preparer.tokenizer

@@ -66,8 +66,11 @@ def split_prompts(req: CompletionRequest) -> list[str | list[int]]:
 
 
 def echo_texts(tokenizer: Any, texts: Sequence[str | list[int]], full: list[list[int]],
-               kept: list[list[int]]) -> list[str]:
-    """What echo repeats: a text prompt as sent; an id prompt, or a truncated one, decoded."""
+               kept: list[list[int]], return_token_ids: bool = False) -> list[str]:
+    """What echo repeats: a text prompt as sent; an id prompt, or a truncated one, decoded. With return_token_ids
+    the prompt comes back as its ids (prompt_token_ids) and the echoed text is empty, as vLLM 0.32 answers."""
+    if return_token_ids:
+        return [""] * len(texts)
     return [t if isinstance(t, str) and len(k) == len(f) else tokenizer.decode(k, skip_special_tokens=False)
             for t, f, k in zip(texts, full, kept, strict=True)]
 
@@ -208,7 +211,8 @@ async def completion_prompts(state: ServerState, req: CompletionRequest
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
     params, texts, full, prompts = await completion_prompts(state, req)
-    echoes = await asyncio.to_thread(echo_texts, state.preparer.tokenizer, texts, full, prompts) if req.echo else None
+    echoes = await asyncio.to_thread(echo_texts, state.preparer.tokenizer, texts, full, prompts,
+                                     bool(req.return_token_ids)) if req.echo else None
     rid = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gens = [Generation(state, PromptInput(token_ids=ids, cache_salt=req.cache_salt), params, f"{rid}-{i}",
