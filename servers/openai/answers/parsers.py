@@ -107,7 +107,7 @@ class ThinkParser:
     def parse(self, text: str, final: bool = True, opened: bool | None = None) -> Parsed:
         s = self.stream(self.guess_opened(text) if opened is None else opened)
         reasoning, content = s.feed(text, final)
-        return Parsed(content, reasoning if s.entered else None)
+        return Parsed(content, (reasoning or None) if s.entered else None)  # vLLM: an empty reasoning is null
 
 
 class HermesStream:
@@ -209,7 +209,8 @@ class OutputStream:
 
     def parsed(self) -> Parsed:
         entered = self.think is not None and self.think.entered
-        return Parsed("".join(self.content), "".join(self.reasoning) if entered else None, list(self.calls))
+        return Parsed("".join(self.content), ("".join(self.reasoning) or None) if entered else None,
+                      list(self.calls))
 
     @property
     def reasoning_span(self) -> tuple[int, int | None] | None:
