@@ -278,6 +278,20 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
             "token_ids": list(comp.token_ids) if req.return_token_ids else None}  # vLLM: the key always, maybe null
 
 
+def _live_usage(state: ServerState, req: ChatCompletionRequest, total: Usage | None, sent: _Sent,
+                reasoning: bool) -> dict[str, Any] | None:
+    """vLLM's continuous usage on a chat chunk: that choice's tokens so far, completion_tokens_details always there
+    (null, or its reasoning tokens so far under a reasoning parser)."""
+    if total is None:
+        return None
+    details = None
+    if reasoning:
+        details = {"reasoning_tokens": reasoning_tokens(state.preparer.tokenizer, sent.ids or [], sent.span(),
+                                                        req.skip_special_tokens)}
+    return {"prompt_tokens": total.prompt_tokens, "completion_tokens": total.completion_tokens,
+            "total_tokens": total.total_tokens, "completion_tokens_details": details}
+
+
 async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generation, rid: str,
                   created: int, media: list[PromptMediaOut] | None) -> AsyncIterator[bytes | str]:
     """The role chunk of each choice, then one chunk per choice per output (vLLM and OpenAI: one choice a chunk),
@@ -297,17 +311,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
     usage_asked = req.stream_options is not None and bool(req.stream_options.include_usage)
 
     def live_usage(i: int) -> dict[str, Any] | None:
-        """vLLM's continuous usage on a chat chunk: that choice's tokens so far, completion_tokens_details always
-        there (null, or its reasoning tokens so far under a reasoning parser)."""
-        total = so_far(sent[i].tokens)
-        if total is None:
-            return None
-        details = None
-        if live_reasoning:
-            details = {"reasoning_tokens": reasoning_tokens(state.preparer.tokenizer, sent[i].ids or [],
-                                                            sent[i].span(), req.skip_special_tokens)}
-        return {"prompt_tokens": total.prompt_tokens, "completion_tokens": total.completion_tokens,
-                "total_tokens": total.total_tokens, "completion_tokens_details": details}
+        return _live_usage(state, req, so_far(sent[i].tokens), sent[i], live_reasoning)
 
     for i in range(req.n):
         role = {"index": i, "delta": {"role": "assistant", "content": echo_text(req)}, "logprobs": None,
