@@ -63,7 +63,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         model_dir=args.model, served_model_name=name, extra_served_names=extra_names, host=args.host, port=args.port,
         api_key=_api_key(args), max_body_bytes=args.max_body_bytes, reasoning_parser=args.reasoning_parser,
-        tool_parser=args.tool_parser, engine_options=engine_options(args), replicas=args.replicas,
+        tool_parser=args.tool_parser, tool_strict_level=args.tool_strict_level, engine_options=engine_options(args),
+        replicas=args.replicas,
         engine_core=args.engine_core, ray_address=args.ray_address, chat_template=args.chat_template,
         generation_config=args.generation_config, limit_mm_per_prompt=args.limit_mm_per_prompt,
         weight_transfer_backend=args.weight_transfer_config, enable_sleep_mode=args.enable_sleep_mode,

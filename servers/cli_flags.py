@@ -166,6 +166,10 @@ def _add_server_flags(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "think"])
     srv.add_argument("--tool-parser", "--tool-call-parser", dest="tool_parser", default=None,
                      choices=["hermes", "qwen"])
+    srv.add_argument("--tool-strict-level", default="auto", choices=["auto", "function", "parameter"],
+                     help="tool-call grammar floor (vLLM's): auto holds arguments to a tool's schema only when it is "
+                          "strict; function constrains the call envelope for tool_choice auto too; parameter also "
+                          "holds every tool's arguments to its schema")
     srv.add_argument("--enable-auto-tool-choice", action="store_true",
                      help="accepted (vLLM): with a tool parser, tool_choice 'auto' is always on")
     srv.add_argument("--replicas", type=int, default=None,

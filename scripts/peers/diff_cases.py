@@ -140,10 +140,15 @@ def structured_case(rng: random.Random, i: int) -> Case:
 def tool_case(rng: random.Random, i: int) -> Case:
     choice = rng.choice(["auto", "none", "required", "named"])
     tool_choice: Any = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice
+    strict = rng.random() < 0.4  # a strict tool: its arguments follow its schema, and "auto" gets a grammar too
+    tools = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS] if strict else TOOLS
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}], "temperature": 0,
-            "max_tokens": 40, "tools": TOOLS, "tool_choice": tool_choice}
+            "max_tokens": 40, "tools": tools, "tool_choice": tool_choice}
+    if rng.random() < 0.25:
+        body["parallel_tool_calls"] = False
     _stream(rng, body)
-    return Case(f"tools.{i}.{choice}", "POST", "/v1/chat/completions", body)
+    name = choice + (".strict" if strict else "") + (".single" if "parallel_tool_calls" in body else "")
+    return Case(f"tools.{i}.{name}", "POST", "/v1/chat/completions", body)
 
 
 def reasoning_case(rng: random.Random, i: int) -> Case:

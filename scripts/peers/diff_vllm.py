@@ -87,8 +87,9 @@ def run_cases(ours: str, theirs: str, cases: list[Case], timeout_s: float = 300)
     outcomes = []
     with httpx.Client(timeout=timeout_s) as client:
         for case in cases:
-            diffs = compare(send(client, ours, case), send(client, theirs, case), case.greedy, EXTENSION_KEYS)
-            why = [(entry.reason if (entry := explained_by(case.name, d)) else "") for d in diffs]
+            theirs_reply = send(client, theirs, case)
+            diffs = compare(send(client, ours, case), theirs_reply, case.greedy, EXTENSION_KEYS)
+            why = [(entry.reason if (entry := explained_by(case.name, d, theirs_reply)) else "") for d in diffs]
             outcomes.append(Outcome(case.name, diffs, why))
     return outcomes
 

@@ -43,14 +43,21 @@ def _wait(base: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise RuntimeError("the vLLM peer did not come up")
 
 
+LOGS = REPO / ".peers" / "logs"
+
+
 @contextlib.contextmanager
 def vllm_peer(ckpt: Path, *args: str, max_model_len: int = 1024, timeout_s: float = 240) -> Iterator[str]:
     """A vLLM server on ckpt (float32, eager) until the block ends; yields its base URL."""
     port = _free_port()
-    env = {**os.environ, "VENV": str(VENV), "PEER_CACHE": str(REPO / ".peers" / "cache"),
-           "MAX_MODEL_LEN": str(max_model_len)}
-    proc = subprocess.Popen(["bash", str(SERVE), str(ckpt), str(port), "--enforce-eager", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    # not our test run's TRITON_INTERPRET: vLLM's own Triton kernels would run in the interpreter and fail
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "VENV": str(VENV),
+           "PEER_CACHE": str(REPO / ".peers" / "cache"), "MAX_MODEL_LEN": str(max_model_len)}
+    log = LOGS / f"vllm-serve-{port}.log"  # the peer's own account of a 500, kept for reading afterwards
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(["bash", str(SERVE), str(ckpt), str(port), "--enforce-eager", *args], cwd=REPO,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait(base, proc, timeout_s)

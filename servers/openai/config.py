@@ -43,6 +43,7 @@ class ServerConfig:
     max_body_bytes: int = 100 * 1024 * 1024
     reasoning_parser: str | None = None
     tool_parser: str | None = None
+    tool_strict_level: str = "auto"  # vLLM's --tool-strict-level: auto, function or parameter
     fetch: FetchConfig = field(default_factory=FetchConfig)
     caps: MediaCaps = field(default_factory=MediaCaps)
     templates: TemplateLimits = field(default_factory=TemplateLimits)  # how a request's own chat_template runs

@@ -94,6 +94,21 @@ def test_the_allowlist_explains_only_the_cases_and_kinds_it_names():
     assert all(entry.reason for entry in allow.ALLOWLIST)
 
 
+def test_a_conditional_entry_needs_its_condition_on_vllms_reply():
+    # catches: the cut-tool-call entry hiding a stream that lost a finished call (it only explains length cuts)
+    lost = cmp.Diff("skeleton", "stream.choices.0.tool_calls", "missing", "array")
+    cut = _reply(events=(_chunk("<tool_call>"), _chunk(None, "length"), "[DONE]"))
+    done = _reply(events=(_chunk("<tool_call>"), _chunk(None, "tool_calls"), "[DONE]"))
+    assert allow.explained_by("tools.3.required", lost, cut) is not None
+    assert allow.explained_by("tools.3.required", lost, done) is None
+    assert allow.explained_by("tools.3.required", lost) is None
+    assert allow.explained_by("chat.3.plain", lost, cut) is None
+    status = cmp.Diff("status", "status", "200", "500")
+    assert allow.explained_by("chat.2.video.defaults", status, _reply(status=500)) is not None
+    assert allow.explained_by("chat.2.video.defaults", cmp.Diff("status", "status", "500", "200"),
+                              _reply(status=200)) is None
+
+
 def test_the_generator_is_seeded_and_each_setup_gets_its_own_kinds():
     plain = cases.generate(200, seed=3, setups=("plain",))
     assert plain == cases.generate(200, seed=3, setups=("plain",))

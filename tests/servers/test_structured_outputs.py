@@ -11,15 +11,16 @@ import pytest
 
 from servers.openai.answers.parsers import OutputParser
 from servers.openai.bodies.requests import ChatCompletionRequest
-from servers.openai.bodies.structured import request_parser
+from servers.openai.bodies.tool_grammar import request_parser
 
 MODEL = "tiny-qwen2-vl"
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}},
           "required": ["color", "ok"], "additionalProperties": False}
 COMPACT = {"disable_any_whitespace": True}  # the tiny model would otherwise pad JSON with whitespace up to max_tokens
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+# strict tools: their arguments follow their schemas (vLLM's --tool-strict-level auto holds only strict tools)
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
              "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}},
-         {"type": "function", "function": {"name": "set_flag", "parameters": {
+         {"type": "function", "function": {"name": "set_flag", "strict": True, "parameters": {
              "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}}]
 TOOL_ARGS = {"get_weather": {"city"}, "set_flag": {"on"}}
 

@@ -169,9 +169,8 @@ def _hermes_call(body: str) -> ParsedToolCall | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], arguments)
+    args = obj.get("arguments", obj.get("parameters", {}))  # whatever JSON value the model wrote, as JSON text
+    return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], json.dumps(args, ensure_ascii=False))
 
 
 class HermesToolParser:

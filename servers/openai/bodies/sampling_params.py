@@ -10,6 +10,7 @@ from servers.openai.bodies.errors import ApiError
 from servers.openai.bodies.generation_defaults import max_tokens_cap, sampling_value
 from servers.openai.bodies.requests import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from servers.openai.bodies.structured import structured_outputs_params
+from servers.openai.bodies.tool_grammar import ToolStrictLevel
 from servers.openai.bodies.vllm_fields import (
     check_best_of,
     check_openai_fields,
@@ -74,9 +75,11 @@ def _prompt_logprobs(req: SamplingFields) -> int | None:
     return req.prompt_logprobs
 
 
-def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str, Any] | None = None) -> SamplingParams:
+def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str, Any] | None = None,
+                       tool_level: ToolStrictLevel | None = None) -> SamplingParams:
     """Build SamplingParams; max_tokens None means up to the context length (the engine clamps). `defaults` are
-    the server's generation-config defaults for the sampling fields the request leaves out."""
+    the server's generation-config defaults for the sampling fields the request leaves out; `tool_level` its tool
+    strict level (None without a tool parser)."""
     defaults = defaults or {}
     mode = req.logprobs_mode or "raw_logprobs"
     if mode not in LOGPROBS_MODES:
@@ -108,6 +111,6 @@ def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str,
             repetition_penalty=sampling_value("repetition_penalty", req.repetition_penalty, defaults),
             logit_bias=_logit_bias(req.logit_bias, vocab_size), logprobs=_top_logprobs(req),
             prompt_logprobs=_prompt_logprobs(req), logprobs_mode=mode, skip_special_tokens=req.skip_special_tokens,
-            structured_outputs=structured_outputs_params(req))
+            structured_outputs=structured_outputs_params(req, tool_level))
     except ValueError as e:
         raise ApiError(400, str(e)) from None

@@ -3,57 +3,18 @@ to the one StructuredOutputsParams of a request."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mm_infer.structured.params import KINDS, StructuredOutputsParams
-from servers.openai.answers.parsers import HermesToolParser, OutputParser
+from servers.openai.answers.parsers import OutputParser
 from servers.openai.bodies.errors import ApiError
-from servers.openai.bodies.requests import SamplingFields, Tool
+from servers.openai.bodies.requests import SamplingFields
 from servers.openai.bodies.structured_fields import ResponseFormat, StructuredOutputsRequest
+from servers.openai.bodies.tool_grammar import ToolStrictLevel, tool_call_tag
 
 if TYPE_CHECKING:
     from mm_infer.engine.sampling.params import SamplingParams
-
-TOOL_CALL_BEGIN, TOOL_CALL_END = "<tool_call>\n", "\n</tool_call>"  # what outputs.HermesToolParser reads
-
-
-def forced_tools(req: SamplingFields) -> list[Tool] | None:
-    """The tools a tool_choice of "required" (any of them) or a named function (that one) forces, else None."""
-    choice, tools = getattr(req, "tool_choice", None), getattr(req, "tools", None) or []
-    if choice == "required":
-        return tools
-    if choice is not None and not isinstance(choice, str):
-        return [t for t in tools if t.function.name == choice.function.get("name")]
-    return None
-
-
-def request_parser(parser: OutputParser, req: SamplingFields) -> OutputParser:
-    """The server's parsers for this request; a forced tool_choice's calls (hermes markup the grammar wrote) are
-    parsed as tool_calls whatever --tool-parser says."""
-    return parser if forced_tools(req) is None else OutputParser(parser.reasoning, HermesToolParser())
-
-
-def _tool_tag(tool: Tool, max_whitespace: int | None) -> dict[str, Any]:
-    """One hermes call: fixed text around the JSON arguments the function's parameters schema allows."""
-    params = tool.function.parameters or {"type": "object", "properties": {}}
-    begin = TOOL_CALL_BEGIN + '{"name": ' + json.dumps(tool.function.name, ensure_ascii=False) + ', "arguments": '
-    return {"type": "tag", "begin": begin, "end": "}" + TOOL_CALL_END,
-            "content": {"type": "json_schema", "json_schema": params, "max_whitespace_cnt": max_whitespace}}
-
-
-def tool_call_tag(req: SamplingFields, tools: list[Tool], compact: bool) -> str:
-    """xgrammar structural tag (JSON text) for the forced calls: one call of a named function; for "required", one
-    or more calls of any tool (one only when parallel_tool_calls is false)."""
-    tags = [_tool_tag(t, 1 if compact else None) for t in tools]
-    if getattr(req, "tool_choice", None) != "required":
-        fmt: dict[str, Any] = tags[0]
-    else:
-        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
-               "stop_after_first": getattr(req, "parallel_tool_calls", None) is False}
-    return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
-
 
 def _response_format(fmt: ResponseFormat | None) -> tuple[str, Any] | None:
     if fmt is None or fmt.type == "text":
@@ -68,8 +29,9 @@ def _response_format(fmt: ResponseFormat | None) -> tuple[str, Any] | None:
 OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
 
 
-def _constraints(req: SamplingFields, given: StructuredOutputsRequest) -> list[tuple[str, str, Any]]:
-    """(request field, kind, spec) of every constraint the request gives."""
+def _constraints(req: SamplingFields, given: StructuredOutputsRequest,
+                 tool_level: ToolStrictLevel | None) -> list[tuple[str, str, Any]]:
+    """(request field, kind, spec) of every constraint the request gives (its tool calls' grammar included)."""
     body = given.model_dump(by_alias=True)
     found = [("structured_outputs", k, body[k]) for k in KINDS if body[k] not in (None, False)]
     if (fmt := _response_format(getattr(req, "response_format", None))) is not None:
@@ -77,15 +39,17 @@ def _constraints(req: SamplingFields, given: StructuredOutputsRequest) -> list[t
     for kind in ("json", "regex", "choice", "grammar"):
         if (value := getattr(req, f"guided_{kind}", None)) is not None:
             found.append((f"guided_{kind}", kind, value))
-    if (tools := forced_tools(req)) is not None:
-        found.append(("tool_choice", "structural_tag", tool_call_tag(req, tools, given.disable_any_whitespace)))
+    if (tag := tool_call_tag(req, tool_level, given.disable_any_whitespace, bool(found))) is not None:
+        found.append(("tool_choice", "structural_tag", tag))
     return found
 
 
-def structured_outputs_params(req: SamplingFields) -> StructuredOutputsParams | None:
-    """The request's one output constraint, or None; two constraints, or a malformed one, are a 400."""
+def structured_outputs_params(req: SamplingFields,
+                              tool_level: ToolStrictLevel | None = None) -> StructuredOutputsParams | None:
+    """The request's one output constraint, or None; two constraints, or a malformed one, are a 400. tool_level is
+    the server's tool strict level, None without a tool parser (tool_choice "auto" is then never constrained)."""
     given = getattr(req, "structured_outputs", None)
-    found = _constraints(req, given or StructuredOutputsRequest())
+    found = _constraints(req, given or StructuredOutputsRequest(), tool_level)
     if not found:
         if given is not None:
             raise ApiError(400, "structured_outputs needs one of " + ", ".join(KINDS), param="structured_outputs")

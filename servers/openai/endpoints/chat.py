@@ -49,7 +49,7 @@ from servers.openai.bodies.replies import (
 )
 from servers.openai.bodies.requests import ChatCompletionRequest, ChatMessage, TextPart, Tool
 from servers.openai.bodies.sampling_params import check_tool_choice, to_sampling_params
-from servers.openai.bodies.structured import request_parser
+from servers.openai.bodies.tool_grammar import ToolStrictLevel, request_parser
 from servers.openai.bodies.vllm_fields import template_kwargs
 from servers.openai.prompting.admission import (
     MAX_TEMPLATE_CHARS,
@@ -342,10 +342,15 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         yield text
 
 
+def tool_level(state: ServerState) -> ToolStrictLevel | None:
+    """The server's tool strict level, or None when it has no tool parser (tool_choice "auto" stays free)."""
+    return None if state.parser.tools is None else ToolStrictLevel.named(state.config.tool_strict_level)
+
+
 async def chat_request_prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[SamplingParams, PromptInput]:
     """A chat request's SamplingParams and (truncated) prompt: what the chat and render endpoints both start from."""
     check_tool_choice(req)
-    params = to_sampling_params(req, state.backend.facts.vocab_size, state.sampling_defaults)
+    params = to_sampling_params(req, state.backend.facts.vocab_size, state.sampling_defaults, tool_level(state))
     check_sequences(1, req.n, state.config.max_sequences_per_request)
     max_model_len, limit = state.backend.facts.max_model_len, state.config.max_logprob_entries
     params = clamp_lengths(params, max_model_len)
