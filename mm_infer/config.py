@@ -102,6 +102,8 @@ class EngineConfig:
     # a request's tokens and logprobs identical alone or in any batch (CPU: pads GEMMs to 16 rows); costs speed
     batch_invariant: bool = False
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs (the static decode path still runs, eagerly)
+    # R3: every finished sample carries its tokens' MoE routing (vLLM's --enable-return-routed-experts); MoE only
+    enable_return_routed_experts: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
@@ -114,7 +116,7 @@ class EngineConfig:
                                                  StructuredConfig: {}}
         top: dict[str, object] = {}
         top_names = {"dtype", "device", "seed", "weight_version", "cpu_threads", "cpu_threads_heavy", "batch_invariant",
-                     "enforce_eager"}
+                     "enforce_eager", "enable_return_routed_experts"}
         for key, value in options.items():
             owner = next((cls for cls in groups if key in cls.__dataclass_fields__), None)
             if owner is not None:

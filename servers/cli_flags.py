@@ -226,6 +226,9 @@ def _add_engine_flags(srv: argparse.ArgumentParser) -> None:
                      help="no CUDA graphs for decode steps")
     srv.add_argument("--batch-invariant", action="store_true",
                      help="a request's tokens and logprobs identical alone or in any batch (slower on CPU)")
+    srv.add_argument("--enable-return-routed-experts", action=argparse.BooleanOptionalAction, default=None,
+                     help="R3: every answer's choices carry routed_experts, the top-k experts of each token at every "
+                          "layer (base64 .npy, as vLLM's); MoE models only")
 
 
 def _add_limit_flags(srv: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from mm_infer.engine.outputs.request_output import RequestOutput, make_output
 from mm_infer.engine.outputs.request_stats import RequestStats
 from mm_infer.engine.outputs.stopping import apply_stop_rules
 from mm_infer.engine.runner.memory_profile import cuda_kv_budget
-from mm_infer.engine.runner.model_runner import ModelRunner, StepLimits, StepOutput
+from mm_infer.engine.runner.model_runner import MIN_ROWS, ModelRunner, StepLimits, StepOutput
 from mm_infer.engine.runner.step_threads import StepThreads, checked_heavy_threads
 from mm_infer.engine.runtime import build_runtime, kv_pool_blocks, pick_device, resolve_dtype
 from mm_infer.engine.sampling.params import RequestOutputKind, SamplingParams
@@ -26,6 +26,7 @@ from mm_infer.engine.sampling.sampler import RAW_NONFINITE, Sampler, SampleResul
 from mm_infer.engine.scheduling.block_manager import BlockManager
 from mm_infer.engine.scheduling.encoder_cache import EncoderCache
 from mm_infer.engine.scheduling.fault_isolation import culprits
+from mm_infer.engine.scheduling.routing_rows import RoutingRows
 from mm_infer.engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.scheduling.sequence import RequestMetrics, Sequence, SequenceGroup
 from mm_infer.models import load_model
@@ -60,6 +61,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
         self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache,
                                   self._step_limits(config, device), config.batch_invariant)
+        if config.enable_return_routed_experts and self.runner.routing is None:
+            raise ValueError(f"--enable-return-routed-experts needs an MoE model; {model_dir.name} has no MoE layer")
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = special.eos_ids  # ordered: the first is the main EOS (stop_reason null), the rest stop ids
@@ -77,9 +80,12 @@ class LLMEngine:
         cpu = device.type == "cpu"
         heavy = config.cpu_threads_heavy if cpu and not config.batch_invariant else None  # invariance: one setting
         heavy = checked_heavy_threads(torch.get_num_threads(), heavy)
-        return StepLimits(self.runtime.max_model_len, config.scheduler.max_num_seqs,
+        sched = config.scheduler
+        routing_rows = max(sched.max_num_batched_tokens, sched.max_num_seqs, MIN_ROWS)  # padded batches included
+        return StepLimits(self.runtime.max_model_len, sched.max_num_seqs,
                           static_decode=not (config.batch_invariant and device.type != "cuda"),
-                          capture=device.type == "cuda" and not config.enforce_eager, threads=StepThreads(heavy))
+                          capture=device.type == "cuda" and not config.enforce_eager, threads=StepThreads(heavy),
+                          routing_rows=routing_rows if config.enable_return_routed_experts else 0)
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:
@@ -139,6 +145,9 @@ class LLMEngine:
             raise PromptError(f"prompt has {len(req.prompt_token_ids)} tokens; the context length is "
                               f"{self.runtime.max_model_len} (model limit, max_model_len and KV cache size)",
                               param="input_tokens")  # vLLM's name for it
+        if params.routed_experts_prompt_start > len(req.prompt_token_ids):  # vLLM checks it with R3 off too
+            raise PromptError(f"routed_experts_prompt_start must be between 0 and the prompt length "
+                              f"({len(req.prompt_token_ids)}), inclusive", param="routed_experts_prompt_start")
         if grammar is COMPILE:
             grammar = self.compile_grammar(params)  # an invalid spec fails here, before anything is queued
         group = SequenceGroup(request_id, params, req, metrics=RequestMetrics(time.perf_counter()))
@@ -156,6 +165,7 @@ class LLMEngine:
     def _new_sequence(self, group: SequenceGroup, index: int, grammar: Any) -> Sequence:
         seq = Sequence(group, group.request.prompt_token_ids, index)
         seq.matcher = self.grammars.matcher(grammar)  # n samples share the compiled grammar, one matcher each
+        seq.routing = RoutingRows() if self.runner.routing is not None else None
         p = seq.params
         seq.seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
         if p.stop_list or (p.detokenize and p.output_kind is not RequestOutputKind.FINAL_ONLY):
@@ -181,7 +191,7 @@ class LLMEngine:
         except Exception as exc:
             error = step_failure(exc)
             return outputs + [self._end(g, "error", error) for g in culprits(self.runner.run, batch.chunks)]
-        self.scheduler.update(batch)
+        self.scheduler.update(batch, result.routing)
         return outputs + self._postprocess(batch, result)
 
     def _postprocess(self, batch: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:

@@ -52,7 +52,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = SelfAttention(cfg, layer_idx)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
-        self.mlp = (SparseMoE(cfg.hidden_size, cfg.moe, cfg.hidden_act) if sparse  # type: ignore[arg-type]
+        self.mlp = (SparseMoE(cfg.hidden_size, cfg.moe, cfg.hidden_act, layer_idx) if sparse  # type: ignore[arg-type]
                     else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

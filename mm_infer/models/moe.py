@@ -10,6 +10,7 @@ from mm_infer.models.config import MoEConfig
 from mm_infer.models.half_gemm_path import half_gemm_path, mv_for_single_rows
 from mm_infer.models.half_linear import HALF_TYPES, Linear, linear
 from mm_infer.models.layers import activation
+from mm_infer.models.routing_capture import RoutingCapture
 
 
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
@@ -71,10 +72,11 @@ class Experts(nn.Module):
 class SparseMoE(nn.Module):
     """HF's Qwen3VLMoeTextSparseMoeBlock: probs = softmax(gate(x)), top-k renormalised, weighted sum of experts."""
 
-    def __init__(self, hidden: int, cfg: MoEConfig, act: str) -> None:
+    def __init__(self, hidden: int, cfg: MoEConfig, act: str, layer_idx: int = 0) -> None:
         super().__init__()
-        self.top_k, self.num_experts = cfg.top_k, cfg.num_experts
+        self.top_k, self.num_experts, self.layer_idx = cfg.top_k, cfg.num_experts, layer_idx
         self.min_group_rows = 0  # > 0 (the engine's CPU batch_invariant): experts run as padded per-expert GEMMs
+        self.capture: RoutingCapture | None = None  # set by the engine when routed experts are returned (R3)
         self.gate = Linear(hidden, cfg.num_experts, bias=False)  # the router
         self.experts = Experts(cfg.num_experts, hidden, cfg.intermediate_size, act)
 
@@ -82,6 +84,8 @@ class SparseMoE(nn.Module):
         """x [N, H] -> (weights [N, k] in x's dtype, expert ids [N, k])."""
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float)  # [N, E]
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
+        if self.capture is not None:
+            self.capture.record(self.layer_idx, experts)
         return (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype), experts
 
     def forward(self, x: Tensor) -> Tensor:  # [N, H] -> [N, H]

@@ -10,6 +10,8 @@ from mm_infer.models.attention import AttentionContext, DenseAttentionContext
 from mm_infer.models.config import ModelConfig
 from mm_infer.models.half_linear import Linear, linear
 from mm_infer.models.language import DeepStack, TextModel
+from mm_infer.models.moe import SparseMoE
+from mm_infer.models.routing_capture import RoutingCapture
 from mm_infer.models.vision import Qwen2VisionTower
 from mm_infer.models.vision_qwen3 import Qwen3VisionTower
 from mm_infer.models.vision_qwen25 import Qwen25VisionTower
@@ -50,6 +52,18 @@ class QwenVLModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.language.embed_tokens.weight.device
+
+    def capture_routing(self, rows: int) -> RoutingCapture | None:
+        """Has every MoE layer write its top-k expert ids for up to `rows` batch rows into one buffer (R3), and
+        returns it; None when the model has no MoE layer."""
+        moe = [m for m in self.modules() if isinstance(m, SparseMoE)]
+        if not moe:
+            return None
+        cfg = self.config.text.moe
+        capture = RoutingCapture(rows, self.config.text.num_layers, cfg.top_k, cfg.num_experts, self.device)
+        for m in moe:
+            m.capture = capture
+        return capture
 
     def embed_tokens(self, input_ids: Tensor) -> Tensor:
         """input_ids [N] -> [N, D]."""

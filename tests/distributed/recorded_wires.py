@@ -8,6 +8,7 @@ finish reasons and top-k token sets exactly and every logprob within `LOGPROB_AT
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -20,6 +21,17 @@ RECORD = Path(__file__).with_name("recorded_wires.json")
 FAMILIES = {"qwen2": "tiny-qwen2-vl", "qwen25": "tiny-qwen2.5-vl", "qwen3": "tiny-qwen3-vl",
             "qwen3_moe": "tiny-qwen3-vl-moe"}
 OPTIONS: dict[str, Any] = {"num_kv_blocks": 256, "max_model_len": 2048, "cpu_threads": 1, "batch_invariant": True}
+FAMILY_OPTIONS: dict[str, dict[str, Any]] = {"qwen3_moe": {"enable_return_routed_experts": True}}  # R3 on every wire
+
+
+def _routing_digest(encoded: str) -> str:
+    """R3's base64 .npy as shape, dtype and a hash of the ids (a few KB per choice otherwise)."""
+    import io
+
+    import numpy as np
+
+    ids = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+    return f"{ids.shape} {ids.dtype} {hashlib.sha256(ids.tobytes()).hexdigest()[:16]}"
 
 
 def _data_url(path: Path, mime: str) -> str:
@@ -59,8 +71,11 @@ def _choice(choice: dict[str, Any], route: str) -> dict[str, Any]:
         lp = [(tok, repr(v), {k: repr(x) for k, x in (top or {}).items()})
               for tok, v, top in zip(choice["logprobs"]["tokens"], choice["logprobs"]["token_logprobs"],
                                      choice["logprobs"]["top_logprobs"], strict=True)]
-    return {"index": choice["index"], "text": text, "token_ids": choice["token_ids"],
-            "finish_reason": choice["finish_reason"], "stop_reason": choice.get("stop_reason"), "logprobs": lp}
+    out = {"index": choice["index"], "text": text, "token_ids": choice["token_ids"],
+           "finish_reason": choice["finish_reason"], "stop_reason": choice.get("stop_reason"), "logprobs": lp}
+    if choice.get("routed_experts") is not None:
+        out["routed_experts"] = _routing_digest(choice["routed_experts"])
+    return out
 
 
 def _streamed(lines: list[str]) -> list[dict[str, Any]]:
@@ -108,7 +123,7 @@ def serve_and_ask(family: str, wire: str) -> dict[str, Any]:
     from servers.openai.launch import BackgroundServer, free_port
 
     config = ServerConfig(model_dir=str(REPO / "assets" / "models" / FAMILIES[family]), served_model_name="tiny",
-                          port=free_port(), engine_options=dict(OPTIONS),
+                          port=free_port(), engine_options={**OPTIONS, **FAMILY_OPTIONS.get(family, {})},
                           engine_core="process" if wire == "process" else "thread",
                           replicas=2 if wire == "replicas" else None)
     server = BackgroundServer(config).start()
@@ -120,5 +135,8 @@ def serve_and_ask(family: str, wire: str) -> dict[str, Any]:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    RECORD.write_text(json.dumps({f: serve_and_ask(f, "thread") for f in FAMILIES}, indent=1) + "\n")
+    only = sys.argv[1:] or list(FAMILIES)  # re-record some families, keep the others as recorded
+    old = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    RECORD.write_text(json.dumps({f: serve_and_ask(f, "thread") if f in only else old[f] for f in FAMILIES},
+                                 indent=1) + "\n")
     print(f"wrote {RECORD}")

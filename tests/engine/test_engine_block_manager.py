@@ -5,12 +5,14 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mm_infer.config import SchedulerConfig
 from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.engine.scheduling.block_manager import BlockManager
+from mm_infer.engine.scheduling.routing_rows import RoutingRows
 from mm_infer.engine.scheduling.scheduler import Scheduler
 from mm_infer.engine.scheduling.sequence import Sequence, SequenceGroup, SequenceStatus
 from mm_infer.prompt.placeholders import PlaceholderRange
@@ -25,10 +27,26 @@ def group(rid: str, tokens: list[int], media: list[tuple[int, int, str]] = (), n
     return g
 
 
-def simulate(sched: Scheduler, groups: list[SequenceGroup], rng: random.Random, abort_p: float) -> int:
-    """Drive the scheduler like the engine does; returns steps taken. Checks invariants every step."""
+def fake_routing(out, rows: int = 2) -> np.ndarray:
+    """The step's routing as a model would record it: here each row a function of the token it is for."""
+    ids = [t for c in out.chunks for t in c.seq.token_ids[c.start:c.end]]
+    return np.repeat(np.asarray(ids, dtype=np.uint8)[:, None, None], rows, axis=1)  # [N, rows, 1]
+
+
+def check_routing(seq: Sequence) -> None:
+    """A sample's rows are its own tokens' (fake_routing), whatever hits, preemptions and batches it went through."""
+    n = seq.num_computed_tokens
+    want = np.asarray(seq.token_ids[:n], dtype=np.uint8)
+    assert seq.routing.length >= n and np.array_equal(seq.routing.rows(0, n)[:, 0, 0], want), seq.seq_id
+
+
+def simulate(sched: Scheduler, groups: list[SequenceGroup], rng: random.Random, abort_p: float,
+             routing: bool = False) -> int:
+    """Drive the scheduler like the engine does; returns steps taken. Checks invariants every step (with routing:
+    each sample's R3 rows too)."""
     live = [s for g in groups for s in g.seqs]
     for s in live:
+        s.routing = RoutingRows() if routing else None
         sched.add(s)
     steps = 0
     while sched.has_unfinished():
@@ -41,8 +59,10 @@ def simulate(sched: Scheduler, groups: list[SequenceGroup], rng: random.Random, 
         for c in out.chunks:
             assert c.start == c.seq.num_computed_tokens and c.end <= len(c.seq)
             assert len(c.seq.block_table) * sched.block_manager.block_size >= c.end
-        sched.update(out)
+        sched.update(out, fake_routing(out) if routing else None)
         for c in out.chunks:
+            if routing:
+                check_routing(c.seq)
             if c.samples and not c.seq.is_finished:
                 c.seq.token_ids.append(rng.randrange(100))
                 if c.seq.num_output_tokens >= c.seq.params.max_tokens:
@@ -60,8 +80,8 @@ def simulate(sched: Scheduler, groups: list[SequenceGroup], rng: random.Random, 
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), num_blocks=st.integers(8, 24), budget=st.integers(4, 64),
-       abort_p=st.sampled_from([0.0, 0.1]), caching=st.booleans())
-def test_random_traffic_keeps_block_invariants(seed, num_blocks, budget, abort_p, caching):
+       abort_p=st.sampled_from([0.0, 0.1]), caching=st.booleans(), routing=st.booleans())
+def test_random_traffic_keeps_block_invariants(seed, num_blocks, budget, abort_p, caching, routing):
     rng = random.Random(seed)
     bm = BlockManager(num_blocks, 4, enable_prefix_caching=caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=budget), bm)
@@ -71,7 +91,34 @@ def test_random_traffic_keeps_block_invariants(seed, num_blocks, budget, abort_p
         tokens = (shared if rng.random() < 0.5 else []) + [rng.randrange(100) for _ in range(rng.randint(1, 10))]
         media = [(len(tokens) - 1, 1, f"img{rng.randrange(2)}")] if rng.random() < 0.3 else []
         groups.append(group(f"r{i}", tokens, media, n=rng.randint(1, 3), max_tokens=rng.randint(1, 8)))
-    simulate(sched, groups, rng, abort_p)
+    simulate(sched, groups, rng, abort_p, routing)
+
+
+def test_cached_routing_lives_and_dies_with_its_block():
+    # catches: a block's R3 rows outliving its hash (a later hit would return another prompt's routing), or a
+    # hit on a block cached without rows
+    bm = BlockManager(4, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm)
+    first = group("a", list(range(9)), max_tokens=1)
+    simulate(sched, [first], random.Random(0), 0.0, routing=True)
+    cached = [b for b in bm.blocks if b.hash is not None]
+    assert len(cached) == 2 and all(b.routing is not None and b.routing.shape == (4, 2, 1) for b in cached)
+    hit = group("b", list(range(9)), max_tokens=1).seqs[0]
+    hit.routing = RoutingRows()
+    assert bm.match_prefix(hit) == 8 and np.array_equal(hit.routing.rows(0, 8)[:, 0, 0], np.arange(8))
+    bm.free(hit)
+    without = group("c", list(range(9)), max_tokens=1).seqs[0]
+    without.routing = RoutingRows()
+    cached[0].routing = None  # as if cached by a run that recorded none
+    assert bm.match_prefix(without) == 0, "a hit must bring its routing"
+    bm.free(without)
+    other = group("d", [50] * 16).seqs[0]
+    bm.allocate(other, 16)  # takes every free block, evicting both hashes
+    assert all(b.hash is None and b.routing is None for b in bm.blocks)
+    bm.free(other)
+    simulate(sched, [group("e", list(range(9)), max_tokens=1)], random.Random(0), 0.0, routing=True)
+    bm.reset_prefix_cache()
+    assert all(b.routing is None for b in bm.blocks)
 
 
 def test_tiny_pool_forces_preemption_and_recovers():

@@ -29,6 +29,7 @@ VOCAB = 1000
 # a value each refused field is refused at (README: "a 400 ..."); the test checks it is, naming the field
 REFUSE: dict[tuple[str, str], Any] = {
     ("chat", "top_logprobs"): -1, ("chat", "prompt_logprobs"): 21, ("chat", "truncate_prompt_tokens"): 0,
+    ("chat", "routed_experts_prompt_start"): -1, ("compl.", "routed_experts_prompt_start"): -1,
     ("chat", "use_beam_search"): True, ("chat", "allowed_token_ids"): [1], ("chat", "bad_words"): ["x"],
     ("chat", "priority"): 1, ("chat", "logits_processors"): ["a.b"], ("chat", "kv_transfer_params"): {"x": 1},
     ("chat", "max_repetition_pattern_size"): 4, ("chat", "min_repetition_pattern_size"): 2,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from mm_infer.engine.errors import RequestError
 from mm_infer.engine.outputs.detokenizer import Decode
 from mm_infer.engine.sampling.params import RequestOutputKind
@@ -27,6 +29,9 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     top_logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
+    # R3, on the finished output only: [prompt + generated - 1 - routed_experts_prompt_start, layers, top_k] expert
+    # ids (uint8, uint16 above 256 experts), row p the routing of the token at position prompt_start + p
+    routed_experts: np.ndarray | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -82,6 +87,15 @@ def _text(seq: Sequence, delta: bool, decode: Decode) -> str:
     return committed.since(seq.emitted_chars)[:visible - seq.emitted_chars]
 
 
+def _routing(seq: Sequence) -> np.ndarray | None:
+    """A finished sample's routing rows, as vLLM returns them: every forwarded token from the prompt start on (the
+    last sampled token never was one)."""
+    if seq.routing is None or seq.routing.data is None:
+        return None
+    start = min(seq.params.routed_experts_prompt_start, seq.num_prompt_tokens)
+    return seq.routing.rows(start, len(seq) - 1)
+
+
 def sample_output(seq: Sequence, kind: RequestOutputKind, decode: Decode) -> CompletionOutput:
     """One sample's output: all of it, or (DELTA) only what was not sent before."""
     p = seq.params
@@ -93,7 +107,8 @@ def sample_output(seq: Sequence, kind: RequestOutputKind, decode: Decode) -> Com
         index=seq.index, text=text, token_ids=ids, logprobs=seq.logprobs[start:],
         finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
         top_logprobs=seq.top_logprobs[start:] if p.logprobs else None,
-        cumulative_logprob=float(sum(seq.logprobs)) if seq.is_finished else seq.cumulative_logprob)
+        cumulative_logprob=float(sum(seq.logprobs)) if seq.is_finished else seq.cumulative_logprob,
+        routed_experts=_routing(seq) if seq.is_finished else None)
     if delta:
         seq.emitted_tokens += len(ids)
         seq.emitted_chars += len(text)
@@ -125,7 +140,7 @@ def merge_delta(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
         if o is not None:
             top = None if c.top_logprobs is None else [*(o.top_logprobs or []), *c.top_logprobs]
             c = CompletionOutput(c.index, o.text + c.text, [*o.token_ids, *c.token_ids], [*o.logprobs, *c.logprobs],
-                                 c.finish_reason, c.stop_reason, top, c.cumulative_logprob)
+                                 c.finish_reason, c.stop_reason, top, c.cumulative_logprob, c.routed_experts)
         outputs.append(c)
     outputs.extend(mine.values())  # samples the newer output does not carry
     outputs.sort(key=lambda c: c.index)
@@ -165,5 +180,5 @@ class OutputAccumulator:
             end = self._ends[index]
             outputs.append(CompletionOutput(index, "".join(text), list(ids), list(lps), end.finish_reason,
                                             end.stop_reason, list(tops) if end.top_logprobs is not None else None,
-                                            end.cumulative_logprob))
+                                            end.cumulative_logprob, end.routed_experts))
         return RequestOutput(**{**self.last.__dict__, "outputs": outputs})

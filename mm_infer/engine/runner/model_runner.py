@@ -41,6 +41,7 @@ class StepLimits:
     static_decode: bool = True
     capture: bool = False
     threads: StepThreads = StepThreads()
+    routing_rows: int = 0  # > 0: the MoE layers record each row's experts (R3) for batches of up to this many rows
 
 
 @dataclass
@@ -50,6 +51,7 @@ class StepOutput:
     sample_chunks: list[ScheduledChunk]
     sample_logits: Tensor  # [S, V] float32
     sample_rows: Tensor  # [S] long: the sampled sequences' rows in the persistent batch (device)
+    routing: np.ndarray | None = None  # [N, L, k] the batch's MoE routing, chunk after chunk (R3; None: off)
     # seq_id -> (first scored prompt index, logprob of each actual token, top-k alternatives or None, rank of each
     # actual token: 1 + how many other tokens score at least as high, vLLM's count)
     prompt_logprobs: dict[int, tuple[int, list[float], list[dict[int, float]] | None, list[int]]] = field(
@@ -81,6 +83,8 @@ class ModelRunner:
         self.kv = KVCache.allocate(text.num_layers, num_kv_blocks + 2, block_size, text.num_kv_heads,
                                    text.head_dim, model.dtype, model.device)
         max_blocks = -(-limits.max_model_len // block_size)
+        # before any graph is captured: graphs then write the same buffer
+        self.routing = model.capture_routing(limits.routing_rows) if limits.routing_rows else None
         self.batch = PersistentBatch(limits.max_num_seqs, max_blocks, self.zero_block, model.device)
         self.graphs = DecodeGraphs(model, self.kv, self.scratch_block, max_blocks, limits.max_num_seqs,
                                    limits.capture) if limits.static_decode else None
@@ -294,7 +298,8 @@ class ModelRunner:
         sample_chunks = plan.sample_chunks
         rows = self.batch.rows_of([c.seq for c in sample_chunks])  # [S]
         if self.graphs is not None and DecodeGraphs.accepts(plan, self.graphs.sizes[-1]):
-            return StepOutput(sample_chunks, self.graphs.run(plan, self.batch.tables, rows), rows)
+            logits = self.graphs.run(plan, self.batch.tables, rows)
+            return StepOutput(sample_chunks, logits, rows, self._routing(plan))
         with self.threads.for_plan(plan):
             input_ids, positions, attn = self._inputs(plan)
             embeds, deepstack = self._embed(plan, input_ids)
@@ -305,4 +310,9 @@ class ModelRunner:
             self._score_block(plan, lo, logits, out)
             for lo, logits in blocks:
                 self._score_block(plan, lo, logits, out)
+        out.routing = self._routing(plan)
         return out
+
+    def _routing(self, plan: BatchPlan) -> np.ndarray | None:
+        """The step's routing rows for the plan's tokens (padding rows left out), or None when not recorded."""
+        return None if self.routing is None else self.routing.take(len(plan.token_ids))

@@ -46,6 +46,7 @@ class SamplingParams:
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None  # the grammar the output follows (a dict is converted)
+    routed_experts_prompt_start: int = 0  # R3 (vLLM's): the routing returned skips this many prompt tokens
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +79,8 @@ class SamplingParams:
              f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}"),
             (self.logprobs_mode in LOGPROBS_MODES, f"logprobs_mode must be one of {LOGPROBS_MODES}"),
             (all(s for s in self.stop_list), "stop strings must be non-empty"),
+            (self.routed_experts_prompt_start >= 0,
+             f"routed_experts_prompt_start must be >= 0, got {self.routed_experts_prompt_start}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -6,6 +6,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from mm_infer.engine.scheduling.sequence import Sequence
 
 
@@ -14,6 +16,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: bytes | None = None  # set once the block is full, computed and registered in the cache
+    routing: np.ndarray | None = None  # [block_size, L, k] its tokens' MoE routing (R3), kept and dropped with hash
 
 
 @dataclass
@@ -54,10 +57,12 @@ class BlockManager:
         hit = 0
         while hit < max_blocks:
             block_id = self.hash_to_block.get(seq.block_hash(hit, self.block_size))
-            if block_id is None:
-                break
+            if block_id is None or (seq.routing is not None and self.blocks[block_id].routing is None):
+                break  # a hit must bring the routing its tokens had (R3); without it they are computed again
             self._take(block_id)
             seq.block_table.append(block_id)
+            if seq.routing is not None:
+                seq.routing.put(hit * self.block_size, self.blocks[block_id].routing)  # type: ignore[arg-type]
             hit += 1
         num_tokens = hit * self.block_size
         seq.num_computed_tokens = num_tokens
@@ -79,7 +84,7 @@ class BlockManager:
             if block.hash is not None:  # evict the cached content it held
                 if self.hash_to_block.get(block.hash) == block_id:
                     del self.hash_to_block[block.hash]
-                block.hash = None
+                block.hash, block.routing = None, None
             self._take(block_id)
             seq.block_table.append(block_id)
         return True
@@ -96,6 +101,8 @@ class BlockManager:
                 if h not in self.hash_to_block:  # a twin computed elsewhere keeps the cache entry
                     self.hash_to_block[h] = block.block_id
                     block.hash = h
+                    if seq.routing is not None:
+                        block.routing = seq.routing.rows(i * self.block_size, (i + 1) * self.block_size)
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
     def free(self, seq: Sequence) -> None:
@@ -115,7 +122,7 @@ class BlockManager:
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (after a weight update the cached KV is stale)."""
         for block_id in list(self.hash_to_block.values()):
-            self.blocks[block_id].hash = None
+            self.blocks[block_id].hash, self.blocks[block_id].routing = None, None
         self.hash_to_block.clear()
 
     def _take(self, block_id: int) -> None:
@@ -138,5 +145,6 @@ class BlockManager:
             assert block.ref_count == refs[block.block_id], f"block {block.block_id} ref count mismatch"
             assert (block.ref_count > 0) == (block.block_id in self.used_ids), f"block {block.block_id} state"
             assert block.ref_count <= 1 or block.hash is not None, f"shared block {block.block_id} not cached"
+            assert block.hash is not None or block.routing is None, f"block {block.block_id} keeps stale routing"
         for h, block_id in self.hash_to_block.items():
             assert self.blocks[block_id].hash == h, "hash table points to a block holding other content"

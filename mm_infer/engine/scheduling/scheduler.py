@@ -6,6 +6,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mm_infer.config import SchedulerConfig
 from mm_infer.engine.scheduling.block_manager import BlockManager
 from mm_infer.engine.scheduling.sequence import Sequence, SequenceStatus
@@ -157,9 +159,14 @@ class Scheduler:
         out.preempted.append(seq)
         out.chunks = [c for c in out.chunks if c.seq is not seq]
 
-    def update(self, out: SchedulerOutput) -> None:
-        """Advance progress after the model ran the chunks, and publish newly full blocks to the cache."""
+    def update(self, out: SchedulerOutput, routing: np.ndarray | None = None) -> None:
+        """Advance progress after the model ran the chunks, and publish newly full blocks to the cache. routing
+        [N, L, k]: the step's MoE routing, chunk after chunk, kept by the sequences that record it (R3)."""
+        row = 0
         for chunk in out.chunks:
+            if routing is not None and chunk.seq.routing is not None:
+                chunk.seq.routing.put(chunk.start, routing[row:row + chunk.num_tokens])
+            row += chunk.num_tokens
             chunk.seq.num_computed_tokens = chunk.end
             self.block_manager.commit(chunk.seq)
 

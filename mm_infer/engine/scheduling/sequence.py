@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mm_infer.engine.errors import RequestError
 from mm_infer.engine.sampling.params import SamplingParams
+from mm_infer.engine.scheduling.routing_rows import RoutingRows
 from mm_infer.prompt.placeholders import PlaceholderRange
 from mm_infer.structured.reasoning import ReasoningGate, gate_matcher
 
@@ -94,6 +95,7 @@ class Sequence:
         self.emitted_tokens = 0  # output tokens already sent in delta outputs
         self.emitted_chars = 0  # characters already sent in delta outputs
         self.cumulative_logprob = 0.0
+        self.routing: RoutingRows | None = None  # its MoE routing, when the engine returns it (R3)
 
     def __len__(self) -> int:
         return len(self.token_ids)

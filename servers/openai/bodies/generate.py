@@ -104,7 +104,7 @@ _UNSUPPORTED = ("allowed_token_ids", "bad_words", "prompt_logprob_token_ids", "p
 _OURS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "stop", "stop_token_ids",
          "include_stop_str_in_output", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
          "logit_bias", "logprobs", "prompt_logprobs", "logprobs_mode", "skip_special_tokens", "detokenize",
-         "structured_outputs")
+         "structured_outputs", "routed_experts_prompt_start")
 
 
 def to_engine_params(sp: GenerateSampling, vocab_size: int) -> SamplingParams:
@@ -189,6 +189,7 @@ class GenerateChoice(BaseModel):
     token_ids: list[int]
     logprobs: GenerateLogProbs | None = None
     text: str | None = None  # output_mode "text"
+    routed_experts: str | None = None  # R3 (vLLM's): the whole routing, on each choice's last chunk
 
 
 class GenerateResponse(BaseModel):

@@ -111,6 +111,7 @@ def to_sampling_params(req: SamplingFields, vocab_size: int, defaults: dict[str,
             repetition_penalty=sampling_value("repetition_penalty", req.repetition_penalty, defaults),
             logit_bias=_logit_bias(req.logit_bias, vocab_size), logprobs=_top_logprobs(req),
             prompt_logprobs=_prompt_logprobs(req), logprobs_mode=mode, skip_special_tokens=req.skip_special_tokens,
-            structured_outputs=structured_outputs_params(req, tool_level))
+            structured_outputs=structured_outputs_params(req, tool_level),
+            routed_experts_prompt_start=req.routed_experts_prompt_start)
     except ValueError as e:
         raise ApiError(400, str(e)) from None

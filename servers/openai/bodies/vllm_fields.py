@@ -54,6 +54,7 @@ class VllmSamplingFields(VllmStrict):
     repetition_min_count: int = Field(default=0, ge=0)
     mm_payload: Literal["tensors", "none"] | None = None  # render only: "tensors" carries the pixels inline
     return_mm_kwargs: bool | None = None  # vLLM's deprecated alias: true is "tensors"
+    routed_experts_prompt_start: int = Field(default=0, ge=0)  # R3: the routing returned skips this many tokens
 
 
 class OpenAIChatFields(VllmStrict):

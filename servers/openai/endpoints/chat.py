@@ -25,6 +25,7 @@ from servers.openai.answers.logprobs import (
     usage,
 )
 from servers.openai.answers.parsers import Delta, OutputStream, Parsed, ParsedToolCall, reasoning_tokens
+from servers.openai.answers.routed_experts import encode_routed_experts
 from servers.openai.answers.streaming import (
     ClosingStreamingResponse,
     Generation,
@@ -210,7 +211,8 @@ def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, 
         logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
                                                         req.return_tokens_as_token_ids))
     return ChatChoice(index=comp.index, message=message, logprobs=logprobs, finish_reason=_finish(comp, bool(calls)),
-                      stop_reason=comp.stop_reason, token_ids=list(comp.token_ids) if req.return_token_ids else None)
+                      stop_reason=comp.stop_reason, token_ids=list(comp.token_ids) if req.return_token_ids else None,
+                      routed_experts=encode_routed_experts(comp.routed_experts))
 
 
 def chat_response(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, rid: str,

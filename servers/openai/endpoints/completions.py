@@ -24,6 +24,7 @@ from servers.openai.answers.logprobs import (
     running_usage,
     usage,
 )
+from servers.openai.answers.routed_experts import encode_routed_experts
 from servers.openai.answers.streaming import (
     ClosingStreamingResponse,
     Generation,
@@ -112,7 +113,8 @@ def _choices(state: ServerState, req: CompletionRequest, out: RequestOutput, bas
         index=base + c.index, text=(echo or "") + c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
         logprobs=_logprobs(state, req, out, c, echo), token_ids=list(c.token_ids) if req.return_token_ids else None,
         prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
-        prompt_logprobs=prompt_logprobs(tok, out, as_ids) if req.prompt_logprobs is not None else None)
+        prompt_logprobs=prompt_logprobs(tok, out, as_ids) if req.prompt_logprobs is not None else None,
+        routed_experts=encode_routed_experts(c.routed_experts))
         for c in map(partial(answered, req), out.outputs)]
 
 

@@ -13,6 +13,7 @@ from mm_infer.engine.outputs.request_output import CompletionOutput, RequestOutp
 from mm_infer.prompt.inputs import PromptInput
 from mm_infer.prompt.request import VLMRequest
 from servers.openai.answers.logprobs import json_logprob, usage
+from servers.openai.answers.routed_experts import encode_routed_experts
 from servers.openai.answers.streaming import (
     ClosingStreamingResponse,
     Generation,
@@ -91,7 +92,8 @@ def _choice(req: GenerateRequest, comp: CompletionOutput) -> dict[str, Any]:
     k = req.sampling_params.logprobs
     return compact(index=comp.index, finish_reason=comp.finish_reason, stop_reason=comp.stop_reason,
                    token_ids=list(comp.token_ids), logprobs=None if k is None else _logprobs(comp, k),
-                   text=comp.text if req.output_mode == "text" else None)
+                   text=comp.text if req.output_mode == "text" else None,
+                   routed_experts=encode_routed_experts(comp.routed_experts))
 
 
 def _placeholders(req: GenerateRequest, prepared: VLMRequest) -> dict[str, list[PlaceholderRangeInfo]] | None:

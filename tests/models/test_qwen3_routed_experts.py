@@ -1,0 +1,130 @@
+"""R3 on tiny Qwen3-VL-MoE: every token's routed experts at every layer equal HF's router over prompt + completion,
+and a prefix hit, a sibling sample and a preempted sample return what a cold run computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from model_cases import REPO
+from PIL import Image
+from qwen3_cases import QWEN3, hf
+
+from mm_infer import LLM, SamplingParams
+from mm_infer.prompt.placeholders import PromptError
+from mm_infer.prompt.request import VLMRequest
+
+KIND = "qwen3_vl_moe"
+IMAGE = REPO / "assets" / "media" / "images" / "photo.png"
+TEXT = {"messages": [{"role": "user", "content": [{"type": "text", "text": "def f(x): return x"}]}]}
+WITH_IMAGE = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it."}]}],
+              "multi_modal_data": {"image": [Image.open(IMAGE).convert("RGB")]},
+              "mm_processor_kwargs": {"backend": "pil"}}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    threads = torch.get_num_threads()
+    yield LLM(str(QWEN3[KIND]), enable_return_routed_experts=True, batch_invariant=True, num_kv_blocks=256,
+              max_num_batched_tokens=4096, cpu_threads=1)
+    torch.set_num_threads(threads)
+
+
+@torch.inference_mode()
+def hf_routing(llm: LLM, req: VLMRequest, completion: list[int]) -> np.ndarray:
+    """HF's router choices [P + G, layers, k] over prompt + completion in one teacher-forced forward (dense layers'
+    columns 0, as vLLM leaves them)."""
+    from mm_infer.rl import hf_inputs
+
+    model, ids = hf(KIND), llm.engine.placeholder_ids
+    cfg = llm.engine.preparer.model_config.text
+    kw = hf_inputs(req, completion, image_pad_id=ids.image_pad_id, video_pad_id=ids.video_pad_id)
+    out = np.zeros((kw["input_ids"].shape[1], cfg.num_layers, cfg.moe.top_k), dtype=np.uint8)
+    hooks = []
+    for i, layer in enumerate(model.model.language_model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and not isinstance(gate, torch.nn.Linear):  # the sparse blocks' routers
+            def keep(_m, _inp, res, i=i):
+                out[:, i] = res[2].numpy()
+            hooks.append(gate.register_forward_hook(keep))
+    try:
+        model(**kw)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
+
+
+@pytest.mark.parametrize("prompt", [TEXT, WITH_IMAGE], ids=["text", "image"])
+def test_routing_equals_hf_router_over_prompt_and_completion(llm, prompt):
+    # catches: rows shifted by one token, the completion's decode rows missing, a layer written into the wrong
+    # column, padding rows of the batch-invariant GEMMs returned, or the wrong dtype
+    out = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+    got = out.outputs[0].routed_experts
+    req = llm.engine.prepare(prompt)
+    p, g = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
+    assert got is not None and got.shape == (p + g - 1, 3, 2) and got.dtype == np.uint8
+    want = hf_routing(llm, req, out.outputs[0].token_ids)
+    assert np.array_equal(got, want[:p + g - 1])
+    assert not got[:, 1].any(), "layer 1 is dense (mlp_only_layers): vLLM leaves its column 0"
+    assert len(np.unique(got[:, [0, 2]])) >= 6, "the prompt must exercise most of the 8 experts"
+
+
+def test_a_prefix_hit_and_sibling_samples_return_the_cold_routing(llm):
+    # catches: the cached prompt tokens' rows missing or zero after a prefix hit, rows of another block, a
+    # sibling sample's prompt rows differing from its group's, or a batch's rows handed to the wrong sample
+    prompt = {"messages": [{"role": "user", "content": [{"type": "text", "text": "List five prime numbers " * 4}]}]}
+    llm.engine.block_manager.reset_prefix_cache()
+    cold = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+    sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=5, n=3)
+    warm = llm.generate([prompt], sampled, use_tqdm=False)[0]
+    p = len(cold.prompt_token_ids)
+    assert warm.num_cached_tokens >= 32, "the second request must hit the first one's blocks"
+    assert len({tuple(c.token_ids) for c in warm.outputs}) == 3, "the samples must differ (they decode together)"
+    req = llm.engine.prepare(prompt)
+    for c in warm.outputs:
+        assert c.routed_experts.shape == (p + len(c.token_ids) - 1, 3, 2)
+        assert np.array_equal(c.routed_experts[:p], cold.outputs[0].routed_experts[:p])
+        assert np.array_equal(c.routed_experts, hf_routing(llm, req, c.token_ids)[:-1]), "its own decode rows"
+
+
+def test_prompt_start_skips_rows_and_is_checked(llm):
+    # catches: routed_experts_prompt_start ignored or applied to the completion, and an out-of-range start taken
+    full = llm.generate([TEXT], GREEDY, use_tqdm=False)[0]
+    p = len(full.prompt_token_ids)
+    for start in (3, p):
+        part = llm.generate([TEXT], SamplingParams(temperature=0.0, max_tokens=6, routed_experts_prompt_start=start),
+                            use_tqdm=False)[0]
+        assert np.array_equal(part.outputs[0].routed_experts, full.outputs[0].routed_experts[start:])
+    with pytest.raises(PromptError, match="routed_experts_prompt_start must be between 0 and the prompt length"):
+        llm.engine.add_request("too-far", TEXT, SamplingParams(routed_experts_prompt_start=p + 1))
+    with pytest.raises(ValueError, match="routed_experts_prompt_start must be >= 0"):
+        SamplingParams(routed_experts_prompt_start=-1)
+
+
+def test_preempted_samples_return_the_routing_of_an_uninterrupted_run(llm):
+    # catches: rows of the first attempt kept after a preemption's recompute (or lost with its blocks)
+    words = ["river", "stone", "lantern", "harbor", "meadow", "engine", "violet", "cobalt", "thunder", "pepper"]
+    texts = [" ".join(words[(i * 3 + j * 7) % len(words)] for j in range(20)) for i in range(6)]  # unlike each other
+    prompts = [{"messages": [{"role": "user", "content": [{"type": "text", "text": t}]}]} for t in texts]
+    params = SamplingParams(temperature=0.0, max_tokens=40)  # ~70 + 40 tokens: 7-8 blocks each, 12 in the pool
+    alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    tight = LLM(str(QWEN3[KIND]), enable_return_routed_experts=True, batch_invariant=True, num_kv_blocks=12,
+                max_num_batched_tokens=4096, cpu_threads=1, enable_prefix_caching=False)
+    together = tight.generate(prompts, params, use_tqdm=False)
+    assert tight.engine.scheduler.num_preemptions > 0, "the pool must be too small for all six at once"
+    for a, b in zip(alone, together, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert np.array_equal(a.outputs[0].routed_experts, b.outputs[0].routed_experts)
+
+
+def test_a_model_without_moe_layers_is_refused():
+    with pytest.raises(ValueError, match="needs an MoE model; tiny-qwen3-vl has no MoE layer"):
+        LLM(str(QWEN3["qwen3_vl"]), enable_return_routed_experts=True, num_kv_blocks=16)
+
+
+def test_off_by_default(llm):
+    plain = LLM(str(QWEN3[KIND]), num_kv_blocks=32, cpu_threads=1)
+    assert plain.generate([TEXT], GREEDY, use_tqdm=False)[0].outputs[0].routed_experts is None
+    assert plain.engine.runner.routing is None
