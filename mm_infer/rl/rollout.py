@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -45,6 +46,8 @@ class RolloutSample:
     text: str
     finish_reason: str
     reward: float
+    # R3 (engine with enable_return_routed_experts): [prompt + generated - 1, layers, top_k] expert ids to replay
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass
@@ -123,6 +126,6 @@ def generate_rollouts(engine: LLMEngine, rows: Sequence[RolloutRow], reward_fn: 
         if aborted:
             raise RolloutAbortedError(f"{rid}: {len(aborted)} of {len(out.outputs)} samples were aborted", out)
         samples = [RolloutSample(list(c.token_ids), list(c.logprobs), c.text, str(c.finish_reason),
-                                 float(reward_fn(c.text, row.ground_truth))) for c in out.outputs]
+                                 float(reward_fn(c.text, row.ground_truth)), c.routed_experts) for c in out.outputs]
         groups.append(RolloutGroup(row, req, samples, weight_version))
     return groups

@@ -29,11 +29,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(base: str, proc: subprocess.Popen, timeout_s: float) -> None:
+def _wait(base: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError("the vLLM peer exited")
+            raise RuntimeError(f"the vLLM peer exited (its log: {log})")
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                 return
@@ -60,8 +60,9 @@ def vllm_peer(ckpt: Path, *args: str, max_model_len: int = 1024, timeout_s: floa
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait(base, proc, timeout_s)
+        _wait(base, proc, timeout_s, log)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a peer that refused its flags has exited already
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)

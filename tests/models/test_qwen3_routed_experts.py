@@ -128,3 +128,14 @@ def test_off_by_default(llm):
     plain = LLM(str(QWEN3[KIND]), num_kv_blocks=32, cpu_threads=1)
     assert plain.generate([TEXT], GREEDY, use_tqdm=False)[0].outputs[0].routed_experts is None
     assert plain.engine.runner.routing is None
+
+
+def test_rollouts_carry_each_samples_routing(llm):
+    # catches: the RL rollout helper dropping the routing a trainer replays
+    from mm_infer.rl.rollout import RolloutRow, generate_rollouts
+
+    groups = generate_rollouts(llm.engine, [RolloutRow(TEXT)], lambda text, truth: 0.0,
+                               SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=4))
+    p = len(groups[0].prompt_token_ids)
+    for s in groups[0].samples:
+        assert s.routed_experts is not None and s.routed_experts.shape == (p + len(s.token_ids) - 1, 3, 2)

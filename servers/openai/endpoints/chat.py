@@ -48,9 +48,9 @@ from servers.openai.bodies.replies import (
     Usage,
     prompt_media,
 )
-from servers.openai.bodies.requests import ChatCompletionRequest, ChatMessage, TextPart, Tool
+from servers.openai.bodies.requests import ChatCompletionRequest, ChatMessage, NamedToolChoice, TextPart, Tool
 from servers.openai.bodies.sampling_params import check_tool_choice, to_sampling_params
-from servers.openai.bodies.tool_grammar import ToolStrictLevel, request_parser
+from servers.openai.bodies.tool_grammar import ToolStrictLevel, forced_tools, request_parser
 from servers.openai.bodies.vllm_fields import template_kwargs
 from servers.openai.prompting.admission import (
     MAX_TEMPLATE_CHARS,
@@ -153,8 +153,11 @@ def prompt_opens_reasoning(state: ServerState, req: ChatCompletionRequest, promp
     return request_parser(state.parser, req).opened_by(state.preparer.tokenizer, prompt_token_ids)
 
 
-def _finish(comp: CompletionOutput, called: bool) -> str | None:
-    return "tool_calls" if called and comp.finish_reason == "stop" else comp.finish_reason
+def _finish(req: ChatCompletionRequest, comp: CompletionOutput, called: bool) -> str | None:
+    """vLLM's (and OpenAI's) reason: "tool_calls" when calls end a sample by stop, except for a named tool_choice,
+    whose forced call ends with "stop"."""
+    named = isinstance(req.tool_choice, NamedToolChoice)
+    return "tool_calls" if called and comp.finish_reason == "stop" and not named else comp.finish_reason
 
 
 def reasoning_usage(state: ServerState, req: ChatCompletionRequest, total: Usage,
@@ -199,6 +202,8 @@ def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, 
     reasoning = parsed.reasoning_content if req.include_reasoning else None
     beside = parsed.tool_calls or parsed.reasoning_content is not None  # vLLM: no content (None) beside these
     content = parsed.content or (None if beside else parsed.content)
+    if forced_tools(req) is not None:
+        content = content or ""  # vLLM: a forced call's message always has content, empty when none
     echo = echo_text(req)
     calls = _calls(req, parsed.tool_calls)
     message = ChatMessageOut(
@@ -210,8 +215,9 @@ def _choice(state: ServerState, req: ChatCompletionRequest, out: RequestOutput, 
     if req.logprobs:
         logprobs = ChoiceLogprobs(content=chat_logprobs(state.preparer.tokenizer, comp, 0, req.top_logprobs or 0,
                                                         req.return_tokens_as_token_ids))
-    return ChatChoice(index=comp.index, message=message, logprobs=logprobs, finish_reason=_finish(comp, bool(calls)),
-                      stop_reason=comp.stop_reason, token_ids=list(comp.token_ids) if req.return_token_ids else None,
+    return ChatChoice(index=comp.index, message=message, logprobs=logprobs,
+                      finish_reason=_finish(req, comp, bool(calls)), stop_reason=comp.stop_reason,
+                      token_ids=list(comp.token_ids) if req.return_token_ids else None,
                       routed_experts=encode_routed_experts(comp.routed_experts))
 
 
@@ -276,7 +282,7 @@ def _delta(state: ServerState, req: ChatCompletionRequest, comp: CompletionOutpu
                     tool_calls=deltas or None) or ({} if sent.stream is not None else {"content": ""})  # vLLM: ""
     ending = {"stop_reason": comp.stop_reason} if final else {}  # vLLM sets it (maybe null) on the last chunk only
     return {"index": comp.index, "delta": delta, "logprobs": logprobs,
-            "finish_reason": _finish(comp, sent.calls > 0) if final else None, **ending,
+            "finish_reason": _finish(req, comp, sent.calls > 0) if final else None, **ending,
             "token_ids": list(comp.token_ids) if req.return_token_ids else None}  # vLLM: the key always, maybe null
 
 
