@@ -1,0 +1,144 @@
+"""Mamba-2 mixer (Nemotron-H's): in_proj, causal depthwise conv, the SSD scan (chunked over a prompt, one step at a
+time in decode) and the gated RMSNorm, per sequence, with its recurrent state handed in and out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mm_infer.models.half_linear import Linear
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    hidden: int
+    heads: int  # H
+    head_dim: int  # P
+    groups: int  # G (B and C are shared by H / G heads each)
+    state: int  # N
+    conv_kernel: int  # K
+    chunk: int  # the scan's chunk over a prompt
+    time_step_min: float  # prefill clamps dt from below (HF's torch path); decode does not
+    eps: float
+    use_bias: bool = False
+    use_conv_bias: bool = True
+
+    @property
+    def inner(self) -> int:  # I = H * P
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:  # the channels the conv runs over: x, B and C
+        return self.inner + 2 * self.groups * self.state
+
+
+@dataclass
+class MambaState:
+    """One sequence's recurrent state in one layer: the conv's last K-1 inputs and the SSM's matrix state."""
+
+    conv: Tensor  # [conv_dim, K-1] in the model dtype
+    ssm: Tensor  # [H, P, N] float32
+
+    @staticmethod
+    def zeros(d: Mamba2Dims, dtype: torch.dtype, device: torch.device) -> MambaState:
+        return MambaState(torch.zeros(d.conv_dim, d.conv_kernel - 1, dtype=dtype, device=device),
+                          torch.zeros(d.heads, d.head_dim, d.state, dtype=torch.float32, device=device))
+
+
+def _segsum(x: Tensor) -> Tensor:
+    """x [..., Q] -> [..., Q, Q] with out[i, j] = sum(x[j+1..i]) for i >= j, -inf above the diagonal."""
+    q = x.shape[-1]
+    cum = torch.cumsum(x, dim=-1)
+    out = cum[..., :, None] - cum[..., None, :]
+    return out.masked_fill(~torch.ones(q, q, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+
+
+def chunked_scan(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, state: Tensor,
+                 chunk: int) -> tuple[Tensor, Tensor]:
+    """The SSD recurrence S_t = exp(dt_t a) S_{t-1} + dt_t x_t B_t^T, y_t = S_t C_t over one sequence, in chunks
+    fixed by its own positions. x [L, H, P], dt [L, H], a [H], b/c [L, H, N] (per head), state [H, P, N]; all
+    float32 -> (y [L, H, P] without the D skip, final state [H, P, N])."""
+    length = x.shape[0]
+    pad = (-length) % chunk
+    if pad:  # dt = 0 past the end: the state passes through unchanged
+        x, dt, b, c = (F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) for t in (x, dt, b, c))
+    n = x.shape[0] // chunk
+    x, dt, b, c = (t.reshape(n, chunk, *t.shape[1:]) for t in (x, dt, b, c))  # [n, Q, ...]
+    adt = (dt * a).permute(0, 2, 1)  # [n, H, Q]
+    cum = torch.cumsum(adt, dim=-1)  # [n, H, Q]
+    xdt = x * dt[..., None]  # [n, Q, H, P]
+    decay = torch.exp(_segsum(adt))  # [n, H, Q, Q]
+    scores = torch.einsum("nihs,njhs->nhij", c, b) * decay  # [n, H, Q, Q]
+    y = torch.einsum("nhij,njhp->nihp", scores, xdt)  # within each chunk
+    to_end = torch.exp(cum[..., -1:] - cum)  # [n, H, Q]
+    chunk_states = torch.einsum("njhs,nhj,njhp->nhps", b, to_end, xdt)  # [n, H, P, N] from a zero start
+    starts = []
+    for i in range(n):  # the chunks' start states, one after another
+        starts.append(state)
+        state = torch.exp(cum[i, :, -1])[:, None, None] * state + chunk_states[i]
+    start = torch.stack(starts)  # [n, H, P, N]
+    y = y + torch.einsum("nihs,nhps,nhi->nihp", c, start, torch.exp(cum))
+    return y.reshape(n * chunk, *y.shape[2:])[:length], state
+
+
+def scan_step(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """One token: x [H, P], dt [H], b/c [H, N], state [H, P, N] -> (y [H, P], state)."""
+    state = state * torch.exp(dt * a)[:, None, None] + (dt[:, None] * x)[..., None] * b[:, None, :]
+    return torch.einsum("hps,hs->hp", state, c), state
+
+
+class GatedRMSNorm(nn.Module):
+    """y * silu(z), normalised per group of I / G channels in float32, times the weight (HF's gate-then-norm)."""
+
+    def __init__(self, dim: int, groups: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.groups, self.eps = groups, eps
+
+    def forward(self, y: Tensor, z: Tensor) -> Tensor:  # [L, I], [L, I] -> [L, I]
+        h = y.float() * F.silu(z.float())
+        g = h.view(*h.shape[:-1], self.groups, -1)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.view_as(h).to(y.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, d: Mamba2Dims) -> None:
+        super().__init__()
+        self.d = d
+        self.in_proj = Linear(d.hidden, d.inner + d.conv_dim + d.heads, bias=d.use_bias)  # [z | x B C | dt]
+        self.conv1d = nn.Conv1d(d.conv_dim, d.conv_dim, d.conv_kernel, groups=d.conv_dim, bias=d.use_conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(d.heads))
+        self.A_log = nn.Parameter(torch.zeros(d.heads))
+        self.D = nn.Parameter(torch.ones(d.heads))
+        self.norm = GatedRMSNorm(d.inner, d.groups, d.eps)
+        self.out_proj = Linear(d.inner, d.hidden, bias=d.use_bias)
+
+    def _conv(self, xbc: Tensor, state: MambaState) -> Tensor:
+        """Causal depthwise conv + SiLU over xbc [L, C], the state's last K-1 inputs before it; updates them."""
+        window = torch.cat([state.conv, xbc.t()], dim=1)  # [C, K-1+L]
+        out = F.conv1d(window[None], self.conv1d.weight, self.conv1d.bias, groups=self.d.conv_dim)[0]  # [C, L]
+        state.conv = window[:, -(self.d.conv_kernel - 1):]
+        return F.silu(out.t())
+
+    def forward(self, h: Tensor, state: MambaState) -> Tensor:
+        """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances.
+        One token takes the decode recurrence (dt unclamped), more the chunked scan (dt clamped), as HF does."""
+        d = self.d
+        z, xbc, dt = self.in_proj(h).split([d.inner, d.conv_dim, d.heads], dim=-1)
+        x, b, c = self._conv(xbc, state).split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
+        a = -torch.exp(self.A_log.float())  # [H]
+        dt = F.softplus(dt.float() + self.dt_bias.float())  # [L, H]
+        per = d.heads // d.groups
+        x32 = x.float().view(-1, d.heads, d.head_dim)  # [L, H, P]
+        b, c = (t.float().view(-1, d.groups, d.state).repeat_interleave(per, dim=1) for t in (b, c))  # [L, H, N]
+        if h.shape[0] == 1:
+            y, state.ssm = scan_step(x32[0], dt[0], a, b[0], c[0], state.ssm)
+            y = y[None]
+        else:
+            y, state.ssm = chunked_scan(x32, dt.clamp(min=d.time_step_min), a, b, c, state.ssm, d.chunk)
+        y = y + self.D.float()[:, None] * x32  # [L, H, P]
+        return self.out_proj(self.norm(y.reshape(-1, d.inner).to(h.dtype), z))
