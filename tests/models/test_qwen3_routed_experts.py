@@ -124,6 +124,18 @@ def test_a_model_without_moe_layers_is_refused():
         LLM(str(QWEN3["qwen3_vl"]), enable_return_routed_experts=True, num_kv_blocks=16)
 
 
+def test_static_decode_records_routing_too(llm):
+    # catches: the static decode path (decode graphs on CUDA; off under CPU batch invariance, so the tests above
+    # never take it) not writing the capture buffer, or its padded rows returned
+    fast = LLM(str(QWEN3[KIND]), enable_return_routed_experts=True, num_kv_blocks=64, cpu_threads=1)
+    assert fast.engine.runner.graphs is not None
+    outs = fast.generate([TEXT, WITH_IMAGE], GREEDY, use_tqdm=False)  # two rows decode together
+    for prompt, out in zip([TEXT, WITH_IMAGE], outs, strict=True):
+        c = out.outputs[0]
+        want = hf_routing(fast, fast.engine.prepare(prompt), c.token_ids)
+        assert np.array_equal(c.routed_experts, want[:len(out.prompt_token_ids) + len(c.token_ids) - 1])
+
+
 def test_off_by_default(llm):
     plain = LLM(str(QWEN3[KIND]), num_kv_blocks=32, cpu_threads=1)
     assert plain.generate([TEXT], GREEDY, use_tqdm=False)[0].outputs[0].routed_experts is None
