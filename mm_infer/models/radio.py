@@ -149,6 +149,18 @@ class OmniVision(nn.Module):
                                                                        strict=True)]
         return self.projector(torch.cat(shuffled))
 
+    def video(self, tubelets: Tensor) -> Tensor:
+        """One video's tubelets [n, T*C, H, W] (T frames stacked frame-major on the channels, normalised) ->
+        [n * (H/16) * (W/16) / 4, text hidden]: every tubelet is its own sequence through the video projection."""
+        n, ch, height, width = tubelets.shape
+        p = self.tower.cfg.patch
+        gh, gw = height // p, width // p
+        patches = tubelets.reshape(n, ch, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(n * gh * gw, ch * p * p)
+        feats = self.tower(patches, [(gh, gw)] * n, video=True)
+        if self.final_norm is not None:
+            feats = self.final_norm(feats)
+        return self.projector(torch.cat([pixel_shuffle(f, gh, gw) for f in feats.split(gh * gw)]))
+
 
 def omni_vision_name(hf_name: str) -> str | None:
     """HF Omni's vision and projector parameter names -> OmniVision's; None for any other name."""

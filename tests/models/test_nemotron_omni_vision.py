@@ -64,3 +64,15 @@ def test_image_features_equal_hf(grids, final_norm):
     got = ours(patches, grids)
     assert got.shape == (sum(h * w // 4 for h, w in grids), 64)
     assert (got - want).abs().max().item() <= 1e-4  # the bound; features reach |30|, float32 rounding ~1e-5
+
+
+@torch.no_grad()
+def test_video_tubelets_equal_hf():
+    # catches: the tubelet's channels read in the wrong order, tubelets attending to each other, or the image
+    # projection used for video
+    hf = hf_omni(False)
+    ours = ours_from(hf, False)
+    video = torch.randn(1, 3, 6, 32, 64, generator=torch.Generator().manual_seed(3))  # 3 tubelets, 2x4 patch grid
+    want = hf.get_video_features(video).pooler_output[0]
+    got = ours.video(video[0])
+    assert got.shape == (3 * 2, 64) and (got - want).abs().max().item() <= 1e-4
