@@ -9,10 +9,11 @@ from mm_infer.rl.rollout import (
                                  generate_rollouts,
                                  group_advantages,
 )
+from mm_infer.rl.routing_replay import decode_routed_experts, replayed_routing, routing_tensors
 from mm_infer.rl.trainer_inputs import completion_logprobs, hf_inputs, masked_logprobs, token_mult_prob_error
 
 __all__ = [
     "RolloutAbortedError", "RolloutGroup", "RolloutRow", "RolloutSample", "Trajectory", "Turn",
     "completion_logprobs", "generate_multiturn", "generate_rollouts", "group_advantages", "hf_inputs",
-    "masked_logprobs", "token_mult_prob_error",
+    "masked_logprobs", "token_mult_prob_error", "decode_routed_experts", "replayed_routing", "routing_tensors",
 ]

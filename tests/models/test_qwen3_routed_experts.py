@@ -151,3 +151,36 @@ def test_rollouts_carry_each_samples_routing(llm):
     p = len(groups[0].prompt_token_ids)
     for s in groups[0].samples:
         assert s.routed_experts is not None and s.routed_experts.shape == (p + len(s.token_ids) - 1, 3, 2)
+
+
+@torch.no_grad()
+def test_a_trainer_forward_replaying_the_rollouts_routing_gives_its_logprobs(llm):
+    # catches: the replay helper forcing the wrong rows or layers, or its weights not the router's at the forced
+    # experts; after a refit that moves the router, a trainer still holding the old router routes elsewhere
+    # unless it replays (R3's point), and with the replay its logprobs are the rollout's
+    from mm_infer.rl import completion_logprobs, hf_inputs, replayed_routing
+    from mm_infer.rl.rollout import RolloutRow, generate_rollouts
+
+    model, ids = hf(KIND), llm.engine.placeholder_ids
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    moved = {k: v + 0.5 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9))
+             for k, v in old.items() if k.endswith("mlp.gate.weight")}  # the refit moves every router
+    try:
+        llm.update_weights(list(moved.items()))
+        group = generate_rollouts(llm.engine, [RolloutRow(WITH_IMAGE)], lambda text, truth: 0.0,
+                                  SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=6))[0]
+        for s in group.samples:
+            kw = hf_inputs(group.request, s.token_ids, image_pad_id=ids.image_pad_id, video_pad_id=ids.video_pad_id)
+            stale = hf_routing(llm, group.request, s.token_ids)  # the trainer before it takes the new weights
+            assert not np.array_equal(stale[:-1], s.routed_experts), "the refit must move the routing"
+            with replayed_routing(model, s.routed_experts):
+                forced = hf_routing(llm, group.request, s.token_ids)
+            assert np.array_equal(forced[:-1], s.routed_experts)
+            model.load_state_dict({**old, **moved})  # the trainer with the rollout's weights
+            with replayed_routing(model, s.routed_experts):
+                lp = completion_logprobs(model(**kw).logits, s.token_ids)
+            model.load_state_dict(old)
+            assert (lp - torch.tensor(s.logprobs)).abs().max().item() <= 1e-5
+    finally:
+        model.load_state_dict(old)
+        llm.update_weights(list({k: old[k] for k in moved}.items()))
