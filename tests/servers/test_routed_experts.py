@@ -101,3 +101,13 @@ def test_chat_streams_carry_none_as_vllms(base):
                       headers=HEADERS, timeout=120) as reply:
         lines = [line for line in reply.iter_lines() if line.startswith("data: {")]
     assert lines and not any("routed_experts" in line for line in lines)
+
+
+def test_render_then_generate_keeps_the_prompt_start(base):
+    # catches: render dropping routed_experts_prompt_start from the sampling params it hands to generate
+    rendered = post(base, "/v1/chat/completions/render", {"messages": MESSAGES, "max_tokens": 3, "temperature": 0.0,
+                                                          "routed_experts_prompt_start": 4})
+    assert rendered["sampling_params"]["routed_experts_prompt_start"] == 4
+    body = {k: rendered[k] for k in ("token_ids", "sampling_params")}
+    choice = post(base, "/inference/v1/generate", body)["choices"][0]
+    assert decode(choice["routed_experts"]).shape[0] == len(rendered["token_ids"]) + len(choice["token_ids"]) - 1 - 4
