@@ -104,9 +104,14 @@ def test_a_json_schema_ref_outside_the_schema_is_a_400_naming_it(server, ref):
 
 
 def test_forced_tool_parameters_with_a_remote_ref_are_refused(server):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "https://example.com/p.json"}}}]
+    # a strict tool's parameters become the arguments' grammar: a remote $ref there is refused, never fetched. A tool
+    # without strict is not held to its schema (vLLM's tool strict level auto), so its parameters are never compiled
+    remote = {"$ref": "https://example.com/p.json"}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": remote, "strict": True}}]
     body = chat("x", tools=tools, tool_choice="required")
     assert assert_error(post(server, "/v1/chat/completions", body), 400, "$ref")["param"] == "tool_choice"
+    loose = [{"type": "function", "function": {"name": "f", "parameters": remote}}]
+    assert post(server, "/v1/chat/completions", chat("x", tools=loose, tool_choice="required")).status_code == 200
 
 
 def test_local_refs_still_constrain_the_output(server):
