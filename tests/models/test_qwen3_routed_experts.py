@@ -32,12 +32,12 @@ def llm():
 
 
 @torch.inference_mode()
-def hf_routing(llm: LLM, req: VLMRequest, completion: list[int]) -> np.ndarray:
+def hf_routing(llm: LLM, req: VLMRequest, completion: list[int], model: torch.nn.Module | None = None) -> np.ndarray:
     """HF's router choices [P + G, layers, k] over prompt + completion in one teacher-forced forward (dense layers'
     columns 0, as vLLM leaves them)."""
     from mm_infer.rl import hf_inputs
 
-    model, ids = hf(KIND), llm.engine.placeholder_ids
+    model, ids = model or hf(KIND), llm.engine.placeholder_ids
     cfg = llm.engine.preparer.model_config.text
     kw = hf_inputs(req, completion, image_pad_id=ids.image_pad_id, video_pad_id=ids.video_pad_id)
     out = np.zeros((kw["input_ids"].shape[1], cfg.num_layers, cfg.moe.top_k), dtype=np.uint8)
@@ -158,10 +158,14 @@ def test_a_trainer_forward_replaying_the_rollouts_routing_gives_its_logprobs(llm
     # catches: the replay helper forcing the wrong rows or layers, or its weights not the router's at the forced
     # experts; after a refit that moves the router, a trainer still holding the old router routes elsewhere
     # unless it replays (R3's point), and with the replay its logprobs are the rollout's
+    from transformers import AutoModelForImageTextToText
+
     from mm_infer.rl import completion_logprobs, hf_inputs, replayed_routing
     from mm_infer.rl.rollout import RolloutRow, generate_rollouts
 
-    model, ids = hf(KIND), llm.engine.placeholder_ids
+    # a trainer of its own: the cached oracle may hold inference tensors (loaded under inference_mode elsewhere)
+    model = AutoModelForImageTextToText.from_pretrained(QWEN3[KIND], dtype=torch.float32).eval()
+    ids = llm.engine.placeholder_ids
     old = {k: v.clone() for k, v in model.state_dict().items()}
     moved = {k: v + 0.5 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9))
              for k, v in old.items() if k.endswith("mlp.gate.weight")}  # the refit moves every router
@@ -171,10 +175,10 @@ def test_a_trainer_forward_replaying_the_rollouts_routing_gives_its_logprobs(llm
                                   SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=6))[0]
         for s in group.samples:
             kw = hf_inputs(group.request, s.token_ids, image_pad_id=ids.image_pad_id, video_pad_id=ids.video_pad_id)
-            stale = hf_routing(llm, group.request, s.token_ids)  # the trainer before it takes the new weights
+            stale = hf_routing(llm, group.request, s.token_ids, model)  # the trainer before it takes the new weights
             assert not np.array_equal(stale[:-1], s.routed_experts), "the refit must move the routing"
             with replayed_routing(model, s.routed_experts):
-                forced = hf_routing(llm, group.request, s.token_ids)
+                forced = hf_routing(llm, group.request, s.token_ids, model)
             assert np.array_equal(forced[:-1], s.routed_experts)
             model.load_state_dict({**old, **moved})  # the trainer with the rollout's weights
             with replayed_routing(model, s.routed_experts):
