@@ -46,8 +46,8 @@ class NemotronHConfig:
         hidden, eps = cfg["hidden_size"], cfg.get("layer_norm_epsilon", 1e-5)
         mamba = Mamba2Dims(
             hidden, cfg.get("mamba_num_heads", 128), cfg.get("mamba_head_dim", 64), g("n_groups", "mamba_n_groups", 8),
-            cfg.get("ssm_state_size", 128), g("conv_kernel", "mamba_d_conv", 4), g("chunk_size", "mamba_chunk_size",
-                                                                                     128),
+            cfg.get("ssm_state_size", 128), g("conv_kernel", "mamba_d_conv", 4),
+            g("chunk_size", "mamba_chunk_size", 128),
             g("time_step_min", "mamba_dt_min", 0.001), eps, cfg.get("use_bias", False),
             g("use_conv_bias", "mamba_conv_bias", True))
         moe = NemotronMoEConfig(

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_infer.models.half_linear import Linear
+from mm_infer.models.nemotron_h import NemotronRMSNorm
+from mm_infer.models.nemotron_moe import relu2
 
 
 @dataclass(frozen=True)
@@ -119,16 +121,12 @@ class OmniProjector(nn.Module):
 
     def __init__(self, dim: int, hidden: int, out: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.layer_norm = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.layer_norm = NemotronRMSNorm(dim, eps)
         self.linear_1 = Linear(dim, hidden, bias=False)
         self.linear_2 = Linear(hidden, out, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = (self.layer_norm.float() * x32).to(x.dtype)
-        return self.linear_2(torch.square(F.relu(self.linear_1(h))))
+        return self.linear_2(relu2(self.linear_1(self.layer_norm(x))))
 
 
 class OmniVision(nn.Module):
@@ -165,7 +163,6 @@ class OmniVision(nn.Module):
 def omni_vision_name(hf_name: str) -> str | None:
     """HF Omni's vision and projector parameter names -> OmniVision's; None for any other name."""
     for old, new in (("vision_model.embeddings.", "tower."), ("vision_model.encoder.layer.", "tower.blocks."),
-                     ("multi_modal_projector.layer_norm.weight", "projector.layer_norm"),
                      ("multi_modal_projector.", "projector."), ("vision_final_layernorm.", "final_norm.")):
         if hf_name.startswith(old):
             name = new + hf_name[len(old):]
