@@ -1,13 +1,17 @@
-"""Frozen model config dataclasses parsed from an HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL (MoE) config.json."""
+"""Frozen model config dataclasses parsed from an HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL (MoE) or Nemotron Omni
+config.json."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mm_infer.models.errors import UnknownArchitectureError, UnsupportedConfigError
+
+if TYPE_CHECKING:
+    from mm_infer.models.nemotron_omni_config import OmniConfig
 
 ARCHITECTURES = {
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
@@ -98,6 +102,7 @@ class ModelConfig:
     vision_start_token_id: int
     vision_end_token_id: int
     eos_token_id: int | tuple[int, ...] | None
+    omni: OmniConfig | None = None  # Nemotron Omni: the hybrid LM, RADIO tower and projector (text/vision summarise)
 
 
 # transformers 5.24's class defaults for the fields we read, by family (configuration_<family>.py): a nested
@@ -269,7 +274,16 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
 
     Each value is resolved as transformers 5.24 resolves it for that architecture (see the helpers above).
     """
+    from mm_infer.models import nemotron_omni_config as omni
+
     archs = raw.get("architectures") or []
+    if omni.RELEASED_CUSTOM in archs:
+        raise UnknownArchitectureError(
+            f"{omni.RELEASED_CUSTOM} is the hub's custom-code form of Nemotron Omni (image tiling, vLLM's "
+            "nano_nemotron_vl), which we do not serve; convert it to transformers' NemotronH_Omni_Reasoning_V3 "
+            "(model_type nemotron_h_omni, one dynamic-resolution grid per image) and load that")
+    if any(a in omni.ARCHITECTURES for a in archs) or (not archs and raw.get("model_type") == "nemotron_h_omni"):
+        return omni.omni_config(raw)
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:
         by_type = {v: k for k, v in ARCHITECTURES.items()}
@@ -291,5 +305,20 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:
-    """parse_config of model_dir/config.json."""
-    return parse_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    """parse_config of model_dir/config.json; Nemotron Omni's `<img>` / `</img>` ids come from its tokenizer, as
+    HF's processor takes them."""
+    config = parse_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    if config.kind == "nemotron_h_omni" and config.vision_start_token_id < 0:
+        from dataclasses import replace
+
+        ids = _added_token_ids(Path(model_dir))
+        config = replace(config, vision_start_token_id=ids.get("<img>", -1), vision_end_token_id=ids.get("</img>", -1))
+    return config
+
+
+def _added_token_ids(model_dir: Path) -> dict[str, int]:
+    """The tokenizer's added (special) tokens -> ids, read from tokenizer.json without loading a tokenizer."""
+    path = model_dir / "tokenizer.json"
+    if not path.exists():
+        return {}
+    return {t["content"]: int(t["id"]) for t in json.loads(path.read_text()).get("added_tokens", [])}

@@ -1,4 +1,5 @@
-"""Load HF safetensors checkpoints (legacy and new tensor names) into QwenVLModel; in-place refits."""
+"""Load HF safetensors checkpoints (legacy and new tensor names) into the model of their family (QwenVLModel,
+NemotronOmniModel); in-place refits."""
 
 from __future__ import annotations
 
@@ -97,6 +98,8 @@ def _conversion(name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> str
         return "flatten"  # Conv3d [D, C, T, ph, pw] -> [D, C*T*ph*pw]
     if name.endswith(EXPERTS) and len(shape) == 3 and (shape[0], shape[2], shape[1]) == want:
         return "transpose"  # the hub's fused experts; transformers keeps a tensor that already fits as is
+    if len(want) == len(shape) + 1 and want[0] == 1 and want[1:] == shape:
+        return "flatten"  # one expert's tensor into its row of a stacked [E, ...] parameter
     return None
 
 
@@ -122,10 +125,11 @@ def load_state_dict_into(
     params = dict(model.named_parameters())
     filled: set[str] = set()
     parts: dict[str, dict[int, Tensor | None]] = {}  # fused parameters: parts seen (adopt: their tensors)
+    target_of = tensor_target(model)
     with torch.no_grad():
         for hf_name, tensor in items:
-            target = hf_target(hf_name)
-            if target is None or (target[0] == "lm_head.weight" and model.lm_head is None):
+            target = target_of(hf_name)
+            if target is None or (target[0] == "lm_head.weight" and getattr(model, "lm_head", 0) is None):
                 continue
             name, part = target
             if name not in params:
@@ -193,7 +197,8 @@ def _missing_names(model: torch.nn.Module, unfilled: set[str],
             names.append(name)
             continue
         got = parts.get(name, {})
-        names += [f"{parent}.{by_part[(module, i)]}.{leaf}" for i in range(len(sizes)) if i not in got]
+        names += [f"{parent}.{by_part[(module, i)]}.{leaf}" if (module, i) in by_part else f"{name}[{i}]"
+                  for i in range(len(sizes)) if i not in got]
     return names
 
 
@@ -229,6 +234,20 @@ def _settle_tie(model: QwenVLModel, config: ModelConfig) -> ModelConfig:
     return replace(config, tie_word_embeddings=False)
 
 
+def model_class(config: ModelConfig) -> type[torch.nn.Module]:
+    """The model class of a config's family."""
+    if config.kind == "nemotron_h_omni":
+        from mm_infer.models.nemotron_omni import NemotronOmniModel
+
+        return NemotronOmniModel
+    return QwenVLModel
+
+
+def tensor_target(model: torch.nn.Module):  # noqa: ANN201 - (str) -> (name, part) | None
+    """The model family's stored-name mapping (hf_target for the Qwen families)."""
+    return getattr(model, "tensor_target", hf_target)
+
+
 def load_model(
     model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[QwenVLModel, ModelConfig]:
@@ -244,8 +263,10 @@ def load_model(
     both = config.tie_word_embeddings and LM_HEAD in stored and EMBED in stored
     built = replace(config, tie_word_embeddings=False) if both else config
     with torch.device("meta"):
-        model = QwenVLModel(built)  # no allocation, no random init
+        model = model_class(built)(built)  # no allocation, no random init
     materialize(model, dtype, device)
+    for name in getattr(model, "float32_parameters", lambda: [])():  # transformers' _keep_in_fp32_modules_strict
+        materialize(model.get_submodule(name), torch.float32, device)
     tensors = iter_safetensors(model_dir)
     if config.tie_word_embeddings and EMBED not in stored and LM_HEAD in stored:
         tensors = _renamed(tensors, LM_HEAD, "model.language_model.embed_tokens.weight")  # tie_weights' swap

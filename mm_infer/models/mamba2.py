@@ -124,9 +124,10 @@ class Mamba2Mixer(nn.Module):
         state.conv = window[:, -(self.d.conv_kernel - 1):]
         return F.silu(out.t())
 
-    def forward(self, h: Tensor, state: MambaState) -> Tensor:
+    def forward(self, h: Tensor, state: MambaState, decode: bool = False) -> Tensor:
         """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances.
-        One token takes the decode recurrence (dt unclamped), more the chunked scan (dt clamped), as HF does."""
+        A decode step (one generated token) takes the recurrence with dt unclamped; prompt tokens, however few, the
+        chunked scan with dt clamped, as HF does."""
         d = self.d
         z, xbc, dt = self.in_proj(h).split([d.inner, d.conv_dim, d.heads], dim=-1)
         x, b, c = self._conv(xbc, state).split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
@@ -135,7 +136,8 @@ class Mamba2Mixer(nn.Module):
         per = d.heads // d.groups
         x32 = x.float().view(-1, d.heads, d.head_dim)  # [L, H, P]
         b, c = (t.float().view(-1, d.groups, d.state).repeat_interleave(per, dim=1) for t in (b, c))  # [L, H, N]
-        if h.shape[0] == 1:
+        if decode:
+            assert h.shape[0] == 1, "a decode step is one token"
             y, state.ssm = scan_step(x32[0], dt[0], a, b[0], c[0], state.ssm)
             y = y[None]
         else:

@@ -12,8 +12,9 @@ from torch import Tensor, nn
 
 from mm_infer.models.attention import AttentionContext, DenseAttentionContext
 from mm_infer.models.half_linear import Linear
-from mm_infer.models.mamba2 import Mamba2Dims, Mamba2Mixer, MambaState
+from mm_infer.models.mamba2 import Mamba2Dims, Mamba2Mixer
 from mm_infer.models.nemotron_moe import NemotronMoE, NemotronMoEConfig, ReluSquaredMLP
+from mm_infer.models.recurrent_batch import RecurrentBatch, StatePool, fresh_batch
 
 PATTERN = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp"}  # hybrid_override_pattern's letters
 LAYER_NAMES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention",
@@ -123,21 +124,19 @@ class NemotronHModel(nn.Module):
     def mamba_layers(self) -> list[int]:
         return [i for i, kind in enumerate(self.cfg.layers) if kind == "mamba"]
 
-    def new_states(self) -> dict[int, MambaState]:
-        """A fresh sequence's state in every Mamba layer."""
+    def state_pool(self, slots: int) -> StatePool:
+        """A pool of `slots` recurrent states for every Mamba layer, on the model's device."""
         w = self.embeddings.weight
-        return {i: MambaState.zeros(self.cfg.mamba, w.dtype, w.device) for i in self.mamba_layers}
+        return StatePool(self.mamba_layers, self.cfg.mamba, slots, w.dtype, w.device)
 
-    def forward_hidden(self, embeds: Tensor, seq_lens: Sequence[int], ctx: AttentionContext,
-                       states: Sequence[dict[int, MambaState]]) -> Tensor:
-        """embeds [N, D], sequences of seq_lens back to back, each continuing from its states (advanced in place)
-        -> final-normed hidden [N, D]."""
-        bounds = torch.tensor([0, *seq_lens]).cumsum(0).tolist()
+    def forward_hidden(self, embeds: Tensor, ctx: AttentionContext, states: RecurrentBatch) -> Tensor:
+        """embeds [N, D] of the batch's sequences (attention through ctx, Mamba state through `states`, whose
+        advanced states are staged for its commit) -> final-normed hidden [N, D]."""
         x = embeds
         for i, layer in enumerate(self.layers):
             h = layer.norm(x)
             if layer.kind == "mamba":
-                out = torch.cat([layer.mixer(h[bounds[s]:bounds[s + 1]], states[s][i]) for s in range(len(seq_lens))])
+                out = states.run_layer(i, layer.mixer, h)
             elif layer.kind == "attention":
                 out = layer.mixer(h, ctx)
             else:
@@ -152,9 +151,8 @@ class NemotronHModel(nn.Module):
     def forward(self, input_ids: Tensor, seq_lens: Sequence[int] | None = None) -> Tensor:
         """Whole sequences from scratch (tests, HF parity): input_ids [N] -> float32 logits [N, V]."""
         lens = list(seq_lens) if seq_lens is not None else [input_ids.shape[0]]
-        hidden = self.forward_hidden(self.embeddings(input_ids), lens, DenseAttentionContext(lens),
-                                     [self.new_states() for _ in lens])
-        return self.compute_logits(hidden)
+        states = fresh_batch(self.state_pool(len(lens)), lens)
+        return self.compute_logits(self.forward_hidden(self.embeddings(input_ids), DenseAttentionContext(lens), states))
 
 
 def our_name(hf_name: str) -> str:

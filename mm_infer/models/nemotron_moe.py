@@ -50,7 +50,7 @@ class NemotronRouter(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, hidden, dtype=torch.float32))
-        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.num_experts, dtype=torch.float32))
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [N, D] -> (weights [N, k] float32, expert ids [N, k])."""
@@ -79,6 +79,14 @@ class NemotronMoE(nn.Module):
         self.shared_experts = ReluSquaredMLP(hidden, cfg.shared_intermediate, cfg.mlp_bias)
         self.fc1_latent_proj = Linear(hidden, cfg.latent, bias=cfg.mlp_bias) if cfg.latent else None
         self.fc2_latent_proj = Linear(cfg.latent, hidden, bias=cfg.mlp_bias) if cfg.latent else None
+
+    @property
+    def part_sizes(self) -> tuple[int, ...]:  # a released checkpoint stores each expert alone: one part per expert
+        return (1,) * self.up_proj.shape[0]
+
+    def part_rows(self, part: int) -> tuple[int, int]:
+        """(first row, row count) of expert `part` in up_proj / down_proj [E, ...]."""
+        return part, 1
 
     def forward(self, x: Tensor) -> Tensor:  # [N, D] -> [N, D]
         weights, experts = self.gate(x)

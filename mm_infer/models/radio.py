@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_infer.models.half_linear import Linear
+from mm_infer.models.layers import FusedLinear
 from mm_infer.models.nemotron_h import NemotronRMSNorm
 from mm_infer.models.nemotron_moe import relu2
 
@@ -42,7 +43,7 @@ class RadioBlock(nn.Module):
         self.heads = cfg.heads
         self.norm1 = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
         self.norm2 = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
-        self.q_proj, self.k_proj, self.v_proj = (Linear(cfg.hidden, cfg.hidden, bias=cfg.qkv_bias) for _ in range(3))
+        self.qkv = FusedLinear(cfg.hidden, (cfg.hidden,) * 3, bias=cfg.qkv_bias)  # HF: q/k/v_proj; hub: attn.qkv
         self.o_proj = Linear(cfg.hidden, cfg.hidden, bias=True)
         self.fc1 = Linear(cfg.hidden, cfg.mlp, bias=True)
         self.fc2 = Linear(cfg.mlp, cfg.hidden, bias=True)
@@ -51,7 +52,7 @@ class RadioBlock(nn.Module):
 
     def attend(self, x: Tensor, lens: list[int]) -> Tensor:  # [T, D] -> [T, D], each image on its own
         t, d = x.shape
-        q, k, v = (p(x).view(t, self.heads, -1).transpose(0, 1) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (p.reshape(t, self.heads, -1).transpose(0, 1) for p in self.qkv.forward_parts(x))
         out = torch.cat([F.scaled_dot_product_attention(q[:, s], k[:, s], v[:, s])  # [heads, n, hd]
                          for s in _spans(lens)], dim=1)
         return self.o_proj(out.transpose(0, 1).reshape(t, d))
@@ -154,14 +155,19 @@ class OmniVision(nn.Module):
         p = self.tower.cfg.patch
         gh, gw = height // p, width // p
         patches = tubelets.reshape(n, ch, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(n * gh * gw, ch * p * p)
+        return self.video_rows(patches, n, gh, gw)
+
+    def video_rows(self, patches: Tensor, n: int, gh: int, gw: int) -> Tensor:
+        """Tubelet patch rows [n * gh * gw, T*C*p*p] (channel index t*C + c, then py, px) -> [n * gh * gw / 4, D]."""
         feats = self.tower(patches, [(gh, gw)] * n, video=True)
         if self.final_norm is not None:
             feats = self.final_norm(feats)
         return self.projector(torch.cat([pixel_shuffle(f, gh, gw) for f in feats.split(gh * gw)]))
 
 
-def omni_vision_name(hf_name: str) -> str | None:
-    """HF Omni's vision and projector parameter names -> OmniVision's; None for any other name."""
+def omni_vision_name(hf_name: str) -> tuple[str, int | None] | None:
+    """HF Omni's vision and projector parameter names (transformers' own) -> (OmniVision's name, part of the fused
+    qkv or None); None for any other name."""
     for old, new in (("vision_model.embeddings.", "tower."), ("vision_model.encoder.layer.", "tower.blocks."),
                      ("multi_modal_projector.", "projector."), ("vision_final_layernorm.", "final_norm.")):
         if hf_name.startswith(old):
@@ -169,5 +175,8 @@ def omni_vision_name(hf_name: str) -> str | None:
             for a, b in ((".attention.", "."), (".mlp.", "."), (".layer_scale1.lambda1", ".ls1"),
                          (".layer_scale2.lambda1", ".ls2")):
                 name = name.replace(a, b)
-            return name
+            for part, proj in enumerate((".q_proj.", ".k_proj.", ".v_proj.")):
+                if proj in name:
+                    return name.replace(proj, ".qkv."), part
+            return name, None
     return None

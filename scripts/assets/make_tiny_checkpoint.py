@@ -11,6 +11,8 @@ Presets:
                    window attention (fullatt_block_indexes=[1, 3], window_size=56)
   tiny-qwen3-vl    Qwen3VLForConditionalGeneration, tied head, DeepStack, learned position grid (tiny_qwen3.py)
   tiny-qwen3-vl-moe  Qwen3VLMoeForConditionalGeneration: 8 experts top-2 (fused hub layout), layer 1 dense
+  tiny-nemotron-omni  NemotronH_Omni_Reasoning_V3: Mamba-2 / attention / MoE / MLP layers, RADIO vision
+                   (tiny_nemotron_omni.py), released tensor names and config keys, MTP tensors to skip
   qwen2-vl-2b      real Qwen2-VL-2B dimensions (1536 hidden, 28 layers, 675M-param vision tower, vocab
                    151936 of which the tiny tokenizer uses 3008), random weights, bfloat16 on disk
                    (~4.4 GB, ~2 min and ~6 GB RAM on 2 cores); not committed, for speed/memory experiments.
@@ -33,7 +35,7 @@ from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: `scripts.*` imports as a package
-from scripts.assets import tiny_qwen3  # noqa: E402
+from scripts.assets import tiny_nemotron_omni, tiny_qwen3  # noqa: E402
 from scripts.assets.tiny_chat_template import CHAT_TEMPLATE  # noqa: E402
 
 SPECIAL_TOKENS = [
@@ -66,10 +68,10 @@ PRESETS: dict[str, dict] = {
         vision=dict(depth=32, embed_dim=1280, heads=16, mlp_ratio=4),
         max_pixels=12845056, video_max_pixels=12845056,
     ),
-} | tiny_qwen3.PRESETS
+} | tiny_qwen3.PRESETS | tiny_nemotron_omni.PRESETS
 
 
-def train_tokenizer(files: list[Path], vocab_size: int) -> Tokenizer:
+def train_tokenizer(files: list[Path], vocab_size: int, specials: list[str] = SPECIAL_TOKENS) -> Tokenizer:
     """Byte-level BPE with Qwen2's pre-tokenizer, trained on `files`, then the special tokens appended."""
     tok = Tokenizer(models_bpe())
     tok.normalizer = normalizers.NFC()
@@ -82,7 +84,7 @@ def train_tokenizer(files: list[Path], vocab_size: int) -> Tokenizer:
         vocab_size=vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator([f.read_text(encoding="utf-8", errors="replace") for f in files], trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens(specials)
     return tok
 
 
@@ -92,24 +94,26 @@ def models_bpe():
     return BPE(unk_token=None, fuse_unk=False, byte_fallback=False)
 
 
-def write_tokenizer_files(tok: Tokenizer, out_dir: Path) -> None:
+def write_tokenizer_files(tok: Tokenizer, out_dir: Path, specials: list[str] = SPECIAL_TOKENS,
+                          extra: dict[str, str] | None = None, template: str = CHAT_TEMPLATE) -> None:
     tok.save(str(out_dir / "tokenizer.json"))
     added = {
         str(tok.token_to_id(t)): dict(content=t, lstrip=False, normalized=False, rstrip=False,
                                       single_word=False, special=True)
-        for t in SPECIAL_TOKENS
+        for t in specials
     }
     cfg = dict(
         tokenizer_class="Qwen2Tokenizer", model_max_length=32768, bos_token=None, eos_token="<|im_end|>",
         pad_token="<|endoftext|>", unk_token=None, errors="replace", add_prefix_space=False,
         clean_up_tokenization_spaces=False, split_special_tokens=False, added_tokens_decoder=added,
-        extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
-                              "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"},
+        extra_special_tokens=extra if extra is not None else {
+            "image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+            "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"},
     )
     (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     specials = dict(eos_token="<|im_end|>", pad_token="<|endoftext|>")
     (out_dir / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
-    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (out_dir / "chat_template.jinja").write_text(template)
 
 
 def write_processor_files(spec: dict, out_dir: Path) -> None:
@@ -247,9 +251,32 @@ def corpus_files() -> list[Path]:
     return [stdlib / n for n in names if (stdlib / n).exists()]
 
 
+def write_nemotron_omni(spec: dict, out_dir: Path, seed: int) -> None:
+    """The Nemotron Omni preset: its own specials and template, weights through HF's model class."""
+    specials = tiny_nemotron_omni.SPECIAL_TOKENS
+    tokenizer = train_tokenizer(corpus_files(), spec["bpe_vocab"], specials)
+    ids = {tok: tokenizer.token_to_id(tok) for tok in specials}
+    config = tiny_nemotron_omni.build_hf_config(spec, tokenizer.get_vocab_size(), ids)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    gen = {"bos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"],
+           "eos_token_id": ids["<|im_end|>"]}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    extra = {"image_token": "<image>", "video_token": "<video>", "image_start_token": "<img>",
+             "image_end_token": "</img>"}
+    write_tokenizer_files(tokenizer, out_dir, specials, extra, tiny_nemotron_omni.CHAT_TEMPLATE)
+    tiny_nemotron_omni.write_processor_files(spec, out_dir)
+    tensors = {k: v.contiguous() for k, v in sorted(tiny_nemotron_omni.random_tensors(config, seed).items())}
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    size_mb = (out_dir / "model.safetensors").stat().st_size / 2**20
+    print(f"wrote {out_dir} ({len(tensors)} tensors, {tokenizer.get_vocab_size()} tokens, {size_mb:.2f} MiB)")
+
+
 def write_checkpoint(preset: str, out_dir: Path, seed: int) -> None:
     spec = PRESETS[preset]
     out_dir.mkdir(parents=True, exist_ok=True)
+    if spec["model_type"] == "nemotron_h_omni":
+        write_nemotron_omni(spec, out_dir, seed)
+        return
     tokenizer = train_tokenizer(corpus_files(), spec["bpe_vocab"])
     token_ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
     vocab_size = tokenizer.get_vocab_size()
@@ -279,7 +306,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="output folder (default assets/models/<preset>)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    presets = [args.preset] if args.preset else ["tiny-qwen2-vl", "tiny-qwen2.5-vl", *tiny_qwen3.PRESETS]
+    presets = [args.preset] if args.preset else ["tiny-qwen2-vl", "tiny-qwen2.5-vl", *tiny_qwen3.PRESETS,
+                                                 *tiny_nemotron_omni.PRESETS]
     if args.out is not None and len(presets) != 1:
         parser.error("--out needs --preset")
     for preset in presets:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mm_infer.models.nemotron_h import NemotronHConfig, NemotronHModel, our_name
+from mm_infer.models.recurrent_batch import RecurrentBatch, StateSegment
 
 TOL = 1e-4
 TEXT = {"model_type": "nemotron_h", "vocab_size": 128, "hidden_size": 64, "hybrid_override_pattern": "M*EM-E",
@@ -82,11 +83,13 @@ def test_chunked_prefill_and_decode_continue_from_the_state(pair):
     hf, ours = pair
     tokens = ids(30, 3)
     want = hf_logits(hf, tokens)
-    states = ours.new_states()
+    pool = ours.state_pool(1)
     got = []
     for lo, hi in ((0, 9), (9, 20), *((t, t + 1) for t in range(20, 30))):  # two prefill chunks, then one by one
         part = tokens[lo:hi]
-        hidden = ours.forward_hidden(ours.embeddings(part), [hi - lo], _KVContext(ours, hi - lo), [states])
+        states = RecurrentBatch(pool, [StateSegment(0, lo, hi - lo, 20, None if lo == 0 else 0, 0)])
+        hidden = ours.forward_hidden(ours.embeddings(part), _KVContext(ours, hi - lo), states)
+        states.commit()
         got.append(ours.compute_logits(hidden))
     diff = (torch.cat(got) - want).abs().max().item()
     assert diff <= TOL, diff
@@ -125,7 +128,8 @@ def test_a_prompt_clamps_small_time_steps_and_a_decode_step_does_not(pair):
         m.dt_bias[:4] = -9.0  # softplus(-9) ~ 1.2e-4, under time_step_min
     x = torch.randn(1, 12, 64, generator=torch.Generator().manual_seed(4))
     want = hf_layer(x)[0]
-    got = our_layer(x[0], ours.new_states()[0])
+    fresh = lambda: ours.state_pool(1).read(0, None)  # noqa: E731
+    got = our_layer(x[0], fresh())
     assert (got - want).abs().max().item() <= 1e-5
-    step = our_layer(x[0, :1], ours.new_states()[0])  # one token: the recurrence, unclamped
+    step = our_layer(x[0, :1], fresh(), decode=True)  # a decode step: the recurrence, unclamped
     assert (step - want[:1]).abs().max().item() > 2e-6, "a lone token must not be clamped (fp32 noise: ~1e-7)"

@@ -41,13 +41,15 @@ def hf_omni(final_norm: bool):
 def ours_from(hf, final_norm: bool) -> OmniVision:
     cfg = RadioConfig(hidden=32, layers=2, heads=4, mlp=128, patch=16, max_img_size=256, prefix=10, temporal_patch=2)
     ours = OmniVision(cfg, projector_hidden=48, text_hidden=64, final_norm=final_norm).float().eval()
-    state = {}
-    for name, t in hf.state_dict().items():
-        name = name.removeprefix("model.")
-        if (mine := omni_vision_name(name)) is not None:
-            state[mine] = t
-    result = ours.load_state_dict(state, strict=True)
-    assert not result.missing_keys and not result.unexpected_keys
+    params, filled = dict(ours.named_parameters()), set()
+    with torch.no_grad():
+        for name, t in hf.state_dict().items():
+            if (target := omni_vision_name(name.removeprefix("model."))) is not None:
+                mine, part = target
+                view = params[mine] if part is None else params[mine].narrow(0, part * 32, 32)
+                view.copy_(t)
+                filled.add((mine, part))
+    assert {name for name, _ in filled} == set(params)
     return ours
 
 

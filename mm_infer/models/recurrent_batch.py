@@ -1,0 +1,115 @@
+"""Per-sequence recurrent state for hybrid LMs: a pool of state slots (conv and matrix state per Mamba layer) and
+the step's view of it, which reads each sequence's slot, stages the advanced states and writes them back only when
+the whole forward has succeeded (a failed or rerun step never advances a state twice)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from mm_infer.models.mamba2 import Mamba2Dims, MambaState
+
+
+@dataclass(frozen=True)
+class StateSegment:
+    """One sequence's tokens in the batch: rows [row, row+length), absolute positions [start, start+length)."""
+
+    row: int
+    start: int
+    length: int
+    prompt_len: int  # positions >= prompt_len were generated: each takes the decode recurrence, as HF's decode does
+    read: int | None  # slot to continue from; None: a fresh sequence (zero state)
+    write: int  # slot the advanced state goes to
+    snapshot: tuple[int, int] | None = None  # (absolute position, slot): the state there is also kept
+
+    def pieces(self) -> list[tuple[int, int, bool, bool]]:
+        """(lo, hi, decode, snapshot after) offsets of the runs the mixer takes one at a time: prompt tokens in one
+        chunked scan, split at the snapshot position; generated tokens one by one."""
+        end = self.start + self.length
+        cuts = sorted({self.start, end, min(max(self.prompt_len, self.start), end)}
+                      | ({self.snapshot[0]} if self.snapshot and self.start < self.snapshot[0] < end else set()))
+        out = []
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            if lo >= self.prompt_len:
+                out += [(p - self.start, p + 1 - self.start, True, False) for p in range(lo, hi)]
+            else:
+                out.append((lo - self.start, hi - self.start, False, False))
+        if self.snapshot is not None:
+            at = self.snapshot[0]
+            out = [(lo, hi, dec, snap or hi + self.start == at) for lo, hi, dec, snap in out]
+        return out
+
+
+class StatePool:
+    """Slots of recurrent state for the Mamba layers: conv [S, C, K-1] (model dtype) and ssm [S, H, P, N] float32."""
+
+    def __init__(self, layers: Sequence[int], dims: Mamba2Dims, slots: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.slots, self.dims = slots, dims
+        self.conv = {i: torch.zeros(slots, dims.conv_dim, dims.conv_kernel - 1, dtype=dtype, device=device)
+                     for i in layers}
+        self.ssm = {i: torch.zeros(slots, dims.heads, dims.head_dim, dims.state, dtype=torch.float32, device=device)
+                    for i in layers}
+
+    @staticmethod
+    def bytes_per_slot(layers: int, dims: Mamba2Dims, dtype: torch.dtype) -> int:
+        conv = dims.conv_dim * (dims.conv_kernel - 1) * dtype.itemsize
+        return layers * (conv + dims.heads * dims.head_dim * dims.state * 4)
+
+    def read(self, layer: int, slot: int | None) -> MambaState:
+        """A copy of one slot's state (zeros for None): the forward advances it without touching the pool."""
+        if slot is None:
+            conv, ssm = self.conv[layer][0], self.ssm[layer][0]
+            return MambaState(torch.zeros_like(conv), torch.zeros_like(ssm))
+        return MambaState(self.conv[layer][slot].clone(), self.ssm[layer][slot].clone())
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        for layer in self.conv:
+            self.conv[layer][dst] = self.conv[layer][src]
+            self.ssm[layer][dst] = self.ssm[layer][src]
+
+    def clear(self) -> None:
+        for layer in self.conv:
+            self.conv[layer].zero_()
+            self.ssm[layer].zero_()
+
+
+@dataclass
+class RecurrentBatch:
+    """The step's segments over a pool; `commit` writes the staged states once the forward has succeeded."""
+
+    pool: StatePool
+    segments: list[StateSegment]
+    staged: list[tuple[int, int, MambaState]] = field(default_factory=list)  # (layer, slot, state)
+
+    def run_layer(self, layer: int, mixer: torch.nn.Module, h: Tensor) -> Tensor:
+        """Mixer output [N, D] for the normed input h [N, D]: each segment from its slot, piece by piece; rows
+        outside every segment (padding) get zeros."""
+        out = torch.zeros_like(h)
+        for seg in self.segments:
+            state = self.pool.read(layer, seg.read)
+            for lo, hi, decode, snap in seg.pieces():
+                out[seg.row + lo:seg.row + hi] = mixer(h[seg.row + lo:seg.row + hi], state, decode)
+                if snap:
+                    assert seg.snapshot is not None
+                    self.staged.append((layer, seg.snapshot[1], MambaState(state.conv.clone(), state.ssm.clone())))
+            self.staged.append((layer, seg.write, state))
+        return out
+
+    def commit(self) -> None:
+        for layer, slot, state in self.staged:
+            self.pool.conv[layer][slot] = state.conv
+            self.pool.ssm[layer][slot] = state.ssm
+        self.staged.clear()
+
+
+def fresh_batch(pool: StatePool, seq_lens: Sequence[int]) -> RecurrentBatch:
+    """Whole sequences from a zero state, one slot each (tests, HF parity, the memory profile)."""
+    segments, row = [], 0
+    for k, n in enumerate(seq_lens):
+        segments.append(StateSegment(row, 0, n, n, None, k))
+        row += n
+    return RecurrentBatch(pool, segments)
