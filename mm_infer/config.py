@@ -25,10 +25,13 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     encoder_cache_items: int = 256  # vision embeddings kept (LRU), bounded by count and by bytes
     encoder_cache_bytes: int | str = 512 << 20
+    state_snapshots: int | None = None  # hybrid models: recurrent-state snapshots for prefix hits (None: max_num_seqs)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.state_snapshots is not None and self.state_snapshots < 0:
+            raise ValueError(f"state_snapshots must be >= 0, got {self.state_snapshots}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

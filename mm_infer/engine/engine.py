@@ -29,6 +29,7 @@ from mm_infer.engine.scheduling.fault_isolation import culprits
 from mm_infer.engine.scheduling.routing_rows import RoutingRows
 from mm_infer.engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.scheduling.sequence import RequestMetrics, Sequence, SequenceGroup
+from mm_infer.engine.scheduling.state_slots import state_slots
 from mm_infer.models import load_model
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.preparer import Prompt, PromptPreparer
@@ -54,15 +55,21 @@ class LLMEngine:
         self.tokenizer = self.preparer.tokenizer
         cache = config.cache
         per_block = ModelRunner.kv_bytes_per_block(self.model, cache.block_size)
-        num_blocks = kv_pool_blocks(config, device, per_block, lambda: cuda_kv_budget(self.model, config, per_block))
+        states = state_slots(self.model, config)
+        state_bytes = states.total * self.model.state_bytes_per_slot() if states else 0
+        num_blocks = kv_pool_blocks(config, device, per_block, lambda: cuda_kv_budget(self.model, config, per_block),
+                                    state_bytes)
         self.runtime = build_runtime(config, mcfg, self.preparer.placeholder_ids, num_blocks, per_block)
         self.encoder_cache = EncoderCache(cache.encoder_cache_items, config.weight_version, cache.encoder_cache_bytes)
-        self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
+                                          states)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
         self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache,
                                   self._step_limits(config, device), config.batch_invariant)
         if config.enable_return_routed_experts and self.runner.routing is None:
-            raise ValueError(f"--enable-return-routed-experts needs an MoE model; {model_dir.name} has no MoE layer")
+            why = ("routing replay is not built for hybrid (NemotronH) models yet" if states else
+                   f"{model_dir.name} has no MoE layer")
+            raise ValueError(f"--enable-return-routed-experts needs a Qwen3-VL MoE model; {why}")
         special = self.runtime.special
         self.sampler = Sampler(special.pad_ids, special.eos_ids)
         self.eos_ids = special.eos_ids  # ordered: the first is the main EOS (stop_reason null), the rest stop ids
@@ -82,10 +89,12 @@ class LLMEngine:
         heavy = checked_heavy_threads(torch.get_num_threads(), heavy)
         sched = config.scheduler
         routing_rows = max(sched.max_num_batched_tokens, sched.max_num_seqs, MIN_ROWS)  # padded batches included
+        hybrid = self.block_manager.states is not None  # the static decode buffers hold no recurrent state
         return StepLimits(self.runtime.max_model_len, sched.max_num_seqs,
-                          static_decode=not (config.batch_invariant and device.type != "cuda"),
+                          static_decode=not (config.batch_invariant and device.type != "cuda") and not hybrid,
                           capture=device.type == "cuda" and not config.enforce_eager, threads=StepThreads(heavy),
-                          routing_rows=routing_rows if config.enable_return_routed_experts else 0)
+                          routing_rows=routing_rows if config.enable_return_routed_experts else 0,
+                          state_slots=self.block_manager.states.total if hybrid else 0)
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:
@@ -190,7 +199,8 @@ class LLMEngine:
             result = self.runner.run(batch.chunks)
         except Exception as exc:
             error = step_failure(exc)
-            return outputs + [self._end(g, "error", error) for g in culprits(self.runner.run, batch.chunks)]
+            rerun = lambda cs: self.runner.run(cs, commit_state=False)  # noqa: E731 - the step is scheduled again
+            return outputs + [self._end(g, "error", error) for g in culprits(rerun, batch.chunks)]
         self.scheduler.update(batch, result.routing)
         return outputs + self._postprocess(batch, result)
 

@@ -53,8 +53,9 @@ def _eos_ids(model_dir: Path, config_eos: int | tuple[int, ...] | None) -> tuple
 
 
 def kv_pool_blocks(config: EngineConfig, device: torch.device, bytes_per_block: int,
-                   cuda_budget: Callable[[], int]) -> int:
-    """Blocks of the KV pool: the explicit count, the explicit bytes, the profiled CUDA budget or the CPU default."""
+                   cuda_budget: Callable[[], int], state_bytes: int = 0) -> int:
+    """Blocks of the KV pool: the explicit count, the explicit bytes, the profiled CUDA budget or the CPU default.
+    A hybrid model's recurrent-state pool (state_bytes) comes out of the same bytes first, as vLLM counts it."""
     cache = config.cache
     if cache.num_kv_blocks:
         return cache.num_kv_blocks
@@ -64,7 +65,11 @@ def kv_pool_blocks(config: EngineConfig, device: torch.device, bytes_per_block: 
         budget = cuda_budget()
     else:
         budget = CPU_KV_CACHE_BYTES
-    return max(budget // bytes_per_block, 1)
+    if state_bytes and budget - state_bytes < bytes_per_block:
+        raise ValueError(f"the KV cache budget {format_size(budget)} does not hold the recurrent-state pool "
+                         f"({format_size(state_bytes)}) and one KV block; raise kv_cache_memory_bytes / "
+                         "gpu_memory_utilization, or lower max_num_seqs / state_snapshots")
+    return max((budget - state_bytes) // bytes_per_block, 1)
 
 
 def context_length(config: EngineConfig, model_max: int, num_blocks: int, bytes_per_block: int) -> int:

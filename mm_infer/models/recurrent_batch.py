@@ -71,10 +71,16 @@ class StatePool:
             self.conv[layer][dst] = self.conv[layer][src]
             self.ssm[layer][dst] = self.ssm[layer][src]
 
-    def clear(self) -> None:
-        for layer in self.conv:
-            self.conv[layer].zero_()
-            self.ssm[layer].zero_()
+    def release(self) -> None:
+        """Free the pool's memory (sleep); `restore` brings back zeroed slots of the same shapes."""
+        for d in (self.conv, self.ssm):
+            for layer, t in d.items():
+                d[layer] = torch.empty((0, *t.shape[1:]), dtype=t.dtype, device=t.device)
+
+    def restore(self) -> None:
+        for d in (self.conv, self.ssm):
+            for layer, t in d.items():
+                d[layer] = torch.zeros((self.slots, *t.shape[1:]), dtype=t.dtype, device=t.device)
 
 
 @dataclass

@@ -70,7 +70,9 @@ def _release_kv(engine: LLMEngine) -> None:
         graphs.graphs.clear()
         graphs.pool = None
     engine.encoder_cache.clear()
-    engine.block_manager.reset_prefix_cache()
+    engine.block_manager.reset_prefix_cache()  # state snapshots go with the prefix cache
+    if engine.runner.states is not None:  # hybrid models: an idle engine's live states hold nothing either
+        engine.runner.states.release()
     _empty_device_cache(engine.device)
 
 
@@ -79,6 +81,8 @@ def _restore_kv(engine: LLMEngine) -> None:
     kv = engine.runner.kv
     kv.k = torch.zeros(shape, dtype=dtype, device=engine.device)  # [layers, Hkv, slots, d]
     kv.v = torch.zeros(shape, dtype=dtype, device=engine.device)
+    if engine.runner.states is not None:
+        engine.runner.states.restore()
 
 
 def _move_weights(model: torch.nn.Module, device: torch.device) -> None:

@@ -12,6 +12,7 @@ from mm_infer.config import EngineConfig
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.media.patchify import DEFAULT_SPEC
 from mm_infer.models.attention import DenseAttentionContext
+from mm_infer.models.recurrent_batch import fresh_batch
 from mm_infer.models.qwen_vl import QwenVLModel
 from mm_infer.sizes import format_size
 from mm_infer_kernels.geometry import PatchGeometry
@@ -54,7 +55,7 @@ def profile_step(model: QwenVLModel, config: EngineConfig) -> None:
     sched, device = config.scheduler, model.device
     vis = model.config.vision
     grid = _vision_grid(sched.max_encoder_tokens_per_step, vis.spatial_merge_size)
-    if device.type == "cpu":  # the CPU embeds float rows, as the model runner does there
+    if device.type == "cpu" or hasattr(model, "encode_items"):  # float rows: the CPU's path, and rows-only families
         pixels = torch.zeros(grid[0][1] * grid[0][2], vis.patch_dim, dtype=model.dtype, device=device)
         model.encode_vision(pixels, grid)
     else:  # a device takes uint8 frames and patchifies them itself (the runner's path off the CPU)
@@ -62,7 +63,10 @@ def profile_step(model: QwenVLModel, config: EngineConfig) -> None:
     tokens = min(sched.max_num_batched_tokens, sched.max_model_len or sched.max_num_batched_tokens)
     ids = torch.zeros(tokens, dtype=torch.long, device=device)
     positions = torch.arange(tokens, device=device).expand(3, -1)
-    hidden = model.forward_hidden(model.embed_tokens(ids), positions, DenseAttentionContext([tokens]))
+    ctx = DenseAttentionContext([tokens])
+    if getattr(model, "has_recurrent_state", False):  # the scan's temporaries over one sequence of the whole budget
+        ctx.recurrent = fresh_batch(model.state_pool(1), [tokens])  # type: ignore[attr-defined]
+    hidden = model.forward_hidden(model.embed_tokens(ids), positions, ctx)
     rows = min(sched.max_num_seqs, tokens)
     logits = model.compute_logits(hidden[:rows])  # [rows, V] float32
     torch.log_softmax(logits, dim=-1)

@@ -20,6 +20,7 @@ from mm_infer.media.packed import PackedTensor
 from mm_infer.models.language import DeepStack
 from mm_infer.models.moe import SparseMoE
 from mm_infer.models.qwen_vl import QwenVLModel
+from mm_infer.models.recurrent_batch import RecurrentBatch, StateSegment
 from mm_infer.prompt.mrope import decode_positions
 from mm_infer.prompt.request import MediaItem, VLMRequest
 from mm_infer_kernels import dispatch as K
@@ -42,6 +43,7 @@ class StepLimits:
     capture: bool = False
     threads: StepThreads = StepThreads()
     routing_rows: int = 0  # > 0: the MoE layers record each row's experts (R3) for batches of up to this many rows
+    state_slots: int = 0  # hybrid models: recurrent-state slots (live + snapshots, engine/scheduling/state_slots.py)
 
 
 @dataclass
@@ -85,6 +87,7 @@ class ModelRunner:
         max_blocks = -(-limits.max_model_len // block_size)
         # before any graph is captured: graphs then write the same buffer
         self.routing = model.capture_routing(limits.routing_rows) if limits.routing_rows else None
+        self.states = model.state_pool(limits.state_slots) if getattr(model, "has_recurrent_state", False) else None
         self.batch = PersistentBatch(limits.max_num_seqs, max_blocks, self.zero_block, model.device)
         self.graphs = DecodeGraphs(model, self.kv, self.scratch_block, max_blocks, limits.max_num_seqs,
                                    limits.capture) if limits.static_decode else None
@@ -132,6 +135,8 @@ class ModelRunner:
         """The vision tower over items. Items holding uint8 frames go to the device as frames and are embedded
         there (fused Triton patch embed off the CPU; on the CPU, table-lookup rows one group at a time, equal to the
         rows path); rows-form items take the float rows and the patch-embed matmul."""
+        if hasattr(self.model, "encode_items"):  # families that encode each kind of item their own way
+            return self.model.encode_items(batch)
         frames = PackedTensor.joint_frame_batch([it.media for it in batch])
         if frames is not None:
             return self.model.encode_frames(frames)
@@ -288,11 +293,28 @@ class ModelRunner:
                     got[2].extend(tops)
             row += s.count
 
+    def _recurrent(self, plan: BatchPlan) -> RecurrentBatch:
+        """Each chunk's recurrent-state segment: read its own slot (a prefix hit's snapshot first; nothing at the
+        start), write its own slot, and keep the state at its pending snapshot position when the chunk crosses it."""
+        assert self.states is not None
+        segments, row = [], 0
+        for c in plan.chunks:
+            seq = c.seq
+            read = None if c.start == 0 else seq.restore_slot if seq.restore_slot is not None else seq.state_slot
+            snap = seq.pending_snapshot
+            keep = snap if snap is not None and c.start < snap[0] <= c.end else None
+            segments.append(StateSegment(row, c.start, c.num_tokens, seq.num_prompt_tokens, read, seq.state_slot,
+                                         keep))
+            row += c.num_tokens
+        return RecurrentBatch(self.states, segments)
+
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk]) -> StepOutput:
+    def run(self, chunks: list[ScheduledChunk], commit_state: bool = True) -> StepOutput:
         """One forward over the scheduled chunks: plan, tensors, embeddings, LM, logits of the rows that need them.
 
-        Pure decode steps take the static path (CUDA graphs on CUDA) when the runner has one."""
+        Pure decode steps take the static path (CUDA graphs on CUDA) when the runner has one. A hybrid model's
+        advanced recurrent states are written back only once all of it succeeded, and not at all without
+        commit_state (fault isolation's reruns: the step is scheduled again)."""
         plan = BatchPlan.build(chunks, self.block_size)
         self._clear_fresh_blocks(chunks)
         sample_chunks = plan.sample_chunks
@@ -302,6 +324,7 @@ class ModelRunner:
             return StepOutput(sample_chunks, logits, rows, self._routing(plan))
         with self.threads.for_plan(plan):
             input_ids, positions, attn = self._inputs(plan)
+            attn.recurrent = self._recurrent(plan) if self.states is not None else None
             embeds, deepstack = self._embed(plan, input_ids)
             hidden = self.model.forward_hidden(embeds, positions, attn, deepstack)  # [Np, D]
             blocks = self._logit_blocks(hidden, plan.sample_rows + plan.score_rows, len(plan.sample_rows))
@@ -310,6 +333,8 @@ class ModelRunner:
             self._score_block(plan, lo, logits, out)
             for lo, logits in blocks:
                 self._score_block(plan, lo, logits, out)
+            if attn.recurrent is not None and commit_state:
+                attn.recurrent.commit()
         out.routing = self._routing(plan)
         return out
 

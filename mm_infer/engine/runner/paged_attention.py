@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -107,6 +108,7 @@ class PagedAttentionContext:
         self.ctx_slots = ctx_slots  # [sum ctx_len] long, the chunked sequences' context slots back to back
         self.spans = spans
         self.groups = groups
+        self.recurrent: Any = None  # hybrid models: the step's RecurrentBatch (models/recurrent_batch.py)
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         n = self.slot_mapping.shape[0]

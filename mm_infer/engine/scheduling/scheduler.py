@@ -88,7 +88,7 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            out.chunks.append(self._with_snapshot(ScheduledChunk(seq, seq.num_computed_tokens, n)))
             budget -= n
             i += 1
         if not out.preempted:
@@ -113,9 +113,27 @@ class Scheduler:
             self.block_manager.stats.queries += len(seq)
             self.block_manager.stats.hits += seq.num_computed_tokens
             self.running.append(seq)
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            out.chunks.append(self._with_snapshot(ScheduledChunk(seq, seq.num_computed_tokens, n)))
             budget -= n
         self.waiting.extendleft(reversed(skipped))
+
+    def _with_snapshot(self, chunk: ScheduledChunk) -> ScheduledChunk:
+        """Hybrid models: a chunk that crosses its prompt's last full-block boundary keeps the recurrent state there
+        (seq.pending_snapshot), so that the prompt's other samples and later requests with it can hit the prefix."""
+        seq, bm = chunk.seq, self.block_manager
+        if bm.states is None or not bm.enable_prefix_caching:
+            return chunk
+        bs = bm.block_size
+        at = (seq.num_prompt_tokens - 1) // bs * bs
+        if seq.pending_snapshot is not None or not chunk.start < at <= chunk.end:
+            return chunk
+        cached = bm.hash_to_block.get(seq.block_hash(at // bs - 1, bs))
+        if cached is not None and bm.blocks[cached].state_slot is not None:
+            return chunk  # this prefix has its snapshot already
+        slot = bm.take_snapshot_slot()
+        if slot is not None:
+            seq.pending_snapshot = (at, slot)
+        return chunk
 
     def _prefill_cap(self, seq: Sequence, n: int) -> int:
         """A prompt chunk of at most long_prefill_token_threshold tokens (when set); decode steps are never cut."""
@@ -168,6 +186,7 @@ class Scheduler:
                 chunk.seq.routing.put(chunk.start, routing[row:row + chunk.num_tokens])
             row += chunk.num_tokens
             chunk.seq.num_computed_tokens = chunk.end
+            chunk.seq.restore_slot = None  # its state now lives in its own slot
             self.block_manager.commit(chunk.seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:

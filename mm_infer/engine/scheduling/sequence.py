@@ -96,6 +96,9 @@ class Sequence:
         self.emitted_chars = 0  # characters already sent in delta outputs
         self.cumulative_logprob = 0.0
         self.routing: RoutingRows | None = None  # its MoE routing, when the engine returns it (R3)
+        self.state_slot: int | None = None  # hybrid models: its live recurrent-state slot while it holds blocks
+        self.restore_slot: int | None = None  # a prefix hit's snapshot its first computed chunk continues from
+        self.pending_snapshot: tuple[int, int] | None = None  # (position, slot) its running chunk keeps the state at
 
     def __len__(self) -> int:
         return len(self.token_ids)
