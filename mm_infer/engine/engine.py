@@ -335,4 +335,14 @@ class LLMEngine:
                 **self.request_stats.snapshot(), "cache_config|block_size": cache.block_size,
                 "cache_config|enable_prefix_caching": float(cache.enable_prefix_caching),
                 "cache_config|gpu_memory_utilization": cache.gpu_memory_utilization,
-                "cache_config|num_gpu_blocks": bm.num_blocks}
+                "cache_config|num_gpu_blocks": bm.num_blocks, **self._state_stats()}
+
+    def _state_stats(self) -> dict[str, float]:
+        """Hybrid models: the recurrent-state slots free and in use, snapshots kept and restored."""
+        states = self.block_manager.states
+        if states is None:
+            return {}
+        return {"state_live_free": len(states.free_live), "state_live_slots": states.live,
+                "state_snapshots_held": len(states.owner), "state_snapshot_slots": states.snapshots,
+                "state_snapshots_taken": states.stats.snapshots_taken, "state_restores": states.stats.restores,
+                "state_snapshots_evicted": states.stats.snapshots_evicted}

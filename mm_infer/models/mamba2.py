@@ -125,11 +125,16 @@ class Mamba2Mixer(nn.Module):
         return F.silu(out.t())
 
     def forward(self, h: Tensor, state: MambaState, decode: bool = False) -> Tensor:
-        """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances.
-        A decode step (one generated token) takes the recurrence with dt unclamped; prompt tokens, however few, the
-        chunked scan with dt clamped, as HF does."""
+        """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances."""
+        return self.out_proj(self.mix(self.in_proj(h), state, decode))
+
+    def mix(self, zxbcdt: Tensor, state: MambaState, decode: bool = False) -> Tensor:
+        """in_proj's output for one sequence's tokens [L, I + C + H] -> the gated, normed scan output [L, I] (what
+        out_proj takes); the state advances. The projections run over the whole batch (row-invariant GEMMs), this
+        per sequence. A decode step (one generated token) takes the recurrence with dt unclamped; prompt tokens,
+        however few, the chunked scan with dt clamped, as HF does."""
         d = self.d
-        z, xbc, dt = self.in_proj(h).split([d.inner, d.conv_dim, d.heads], dim=-1)
+        z, xbc, dt = zxbcdt.split([d.inner, d.conv_dim, d.heads], dim=-1)
         x, b, c = self._conv(xbc, state).split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
         a = -torch.exp(self.A_log.float())  # [H]
         dt = F.softplus(dt.float() + self.dt_bias.float())  # [L, H]
@@ -137,10 +142,10 @@ class Mamba2Mixer(nn.Module):
         x32 = x.float().view(-1, d.heads, d.head_dim)  # [L, H, P]
         b, c = (t.float().view(-1, d.groups, d.state).repeat_interleave(per, dim=1) for t in (b, c))  # [L, H, N]
         if decode:
-            assert h.shape[0] == 1, "a decode step is one token"
+            assert zxbcdt.shape[0] == 1, "a decode step is one token"
             y, state.ssm = scan_step(x32[0], dt[0], a, b[0], c[0], state.ssm)
             y = y[None]
         else:
             y, state.ssm = chunked_scan(x32, dt.clamp(min=d.time_step_min), a, b, c, state.ssm, d.chunk)
         y = y + self.D.float()[:, None] * x32  # [L, H, P]
-        return self.out_proj(self.norm(y.reshape(-1, d.inner).to(h.dtype), z))
+        return self.norm(y.reshape(-1, d.inner).to(zxbcdt.dtype), z)

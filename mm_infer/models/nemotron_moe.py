@@ -74,6 +74,7 @@ class NemotronMoE(nn.Module):
         super().__init__()
         inner = cfg.latent or hidden
         self.gate = NemotronRouter(hidden, cfg)
+        self.min_group_rows = 0  # > 0 (the engine's CPU batch_invariant): each expert's GEMMs padded to this many rows
         self.up_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.intermediate, inner))  # [E, I, D]
         self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, inner, cfg.intermediate))  # [E, D, I]
         self.shared_experts = ReluSquaredMLP(hidden, cfg.shared_intermediate, cfg.mlp_bias)
@@ -100,7 +101,10 @@ class NemotronMoE(nn.Module):
             if rows.numel() == 0:
                 continue
             tok = rows // k
-            y = linear(relu2(linear(h[tok], self.up_proj[e])), self.down_proj[e])  # [n_e, D]
+            part = h[tok]  # [n_e, D]
+            if part.shape[0] < self.min_group_rows:  # row-invariant GEMMs: the result cannot depend on n_e
+                part = torch.cat([part, part.new_zeros(self.min_group_rows - part.shape[0], part.shape[1])])
+            y = linear(relu2(linear(part, self.up_proj[e])), self.down_proj[e])[:tok.shape[0]]  # [n_e, D]
             out.index_add_(0, tok, (y * weights.reshape(-1)[rows, None]).to(out.dtype))
         routed = out.to(h.dtype)
         if self.fc2_latent_proj is not None:

@@ -92,18 +92,20 @@ class RecurrentBatch:
     staged: list[tuple[int, int, MambaState]] = field(default_factory=list)  # (layer, slot, state)
 
     def run_layer(self, layer: int, mixer: torch.nn.Module, h: Tensor) -> Tensor:
-        """Mixer output [N, D] for the normed input h [N, D]: each segment from its slot, piece by piece; rows
-        outside every segment (padding) get zeros."""
-        out = torch.zeros_like(h)
+        """Mixer output [N, D] for the normed input h [N, D]: the projections over the whole batch, the conv and
+        scan for each segment from its slot, piece by piece; rows outside every segment (padding) mix nothing."""
+        zxbcdt = mixer.in_proj(h)  # [N, I + C + H]
+        mixed = h.new_zeros(h.shape[0], mixer.d.inner)  # [N, I]
         for seg in self.segments:
             state = self.pool.read(layer, seg.read)
             for lo, hi, decode, snap in seg.pieces():
-                out[seg.row + lo:seg.row + hi] = mixer(h[seg.row + lo:seg.row + hi], state, decode)
+                rows = slice(seg.row + lo, seg.row + hi)
+                mixed[rows] = mixer.mix(zxbcdt[rows], state, decode)
                 if snap:
                     assert seg.snapshot is not None
                     self.staged.append((layer, seg.snapshot[1], MambaState(state.conv.clone(), state.ssm.clone())))
             self.staged.append((layer, seg.write, state))
-        return out
+        return mixer.out_proj(mixed)
 
     def commit(self) -> None:
         for layer, slot, state in self.staged:

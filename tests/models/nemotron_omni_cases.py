@@ -60,3 +60,62 @@ def video_prompt(tubelets: int, gh: int, gw: int, seed: int = 0) -> tuple[list[i
     ids += text_ids(3, seed + 99)
     video = torch.randn(tubelets, 6, 16 * gh, 16 * gw, generator=torch.Generator().manual_seed(seed + 60))
     return ids, video
+
+
+def image_item(patches: torch.Tensor, grid: tuple[int, int], key: str):
+    from mm_infer.prompt.request import MediaItem
+
+    return MediaItem("image", patches, (1, *grid), key)
+
+
+def video_item(video: torch.Tensor, key: str):
+    """A video's tubelets [n, 2*3, H, W] as rows [n*gh*gw, 1536] (channel t*C+c, then py, px)."""
+    from mm_infer.prompt.request import MediaItem
+
+    n, ch, h, w = video.shape
+    gh, gw = h // 16, w // 16
+    rows = video.reshape(n, ch, gh, 16, gw, 16).permute(0, 2, 4, 1, 3, 5).reshape(n * gh * gw, ch * 256)
+    return MediaItem("video", rows, (n, gh, gw), key)
+
+
+def request(ids: list[int], items: list = ()):  # noqa: ANN201
+    """A prepared VLMRequest: each <image> run in ids filled by the items in order (a video: one run per tubelet)."""
+    from mm_infer.prompt.placeholders import PlaceholderRange
+    from mm_infer.prompt.request import VLMRequest
+
+    image = ids_of("<image>")[0]
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] == image:
+            j = i
+            while j < len(ids) and ids[j] == image:
+                j += 1
+            runs.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    ranges, k = [], 0
+    for index, item in enumerate(items):
+        first = 0
+        while first < item.num_tokens(2):
+            offset, length = runs[k]
+            ranges.append(PlaceholderRange(offset, length, item.modality, item.content_hash, index, first))
+            first, k = first + length, k + 1
+    assert k == len(runs), "every <image> run needs an item"
+    positions = torch.arange(len(ids)).expand(3, -1).clone()
+    return VLMRequest(list(ids), ranges, list(items), positions, 0)
+
+
+def media_cases() -> dict[str, tuple]:
+    """name -> (prompt ids, HF's media kwargs, our items)."""
+    ids1, p1 = image_prompt([(4, 6)])
+    ids2, p2 = image_prompt([(4, 6), (8, 2)], seed=3)
+    idsv, v = video_prompt(3, 2, 4)
+    return {
+        "text": (text_ids(40, 1), {}, []),
+        "one image": (ids1, dict(pixel_values=p1, image_grid_hw=torch.tensor([[4, 6]])),
+                      [image_item(p1, (4, 6), "img-a")]),
+        "two images": (ids2, dict(pixel_values=p2, image_grid_hw=torch.tensor([[4, 6], [8, 2]])),
+                       [image_item(p2[:24], (4, 6), "img-b"), image_item(p2[24:], (8, 2), "img-c")]),
+        "video": (idsv, dict(pixel_values_videos=v[None]), [video_item(v, "vid-a")]),
+    }

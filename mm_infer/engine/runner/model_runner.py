@@ -76,7 +76,7 @@ class ModelRunner:
         self.min_rows = MIN_ROWS if batch_invariant else 0  # pad batches to this many rows; media items under it alone
         if batch_invariant and model.device.type != "cuda":  # MoE experts: each group padded to MIN_ROWS too
             for module in model.modules():
-                if isinstance(module, SparseMoE):
+                if isinstance(module, SparseMoE) or hasattr(module, "min_group_rows"):
                     module.min_group_rows = MIN_ROWS
         text = model.config.text
         # two more blocks than the block manager hands out: the scratch block that static decode's padding rows

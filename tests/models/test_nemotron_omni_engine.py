@@ -1,0 +1,147 @@
+"""The engine on tiny Nemotron Omni (hybrid Mamba-2 / attention / MoE), float32 CPU: greedy ids equal HF generate,
+logprobs a teacher-forced HF forward, and the recurrent-state cache (prefix hits and n-sample forks from snapshots,
+chunked prefill, abort, preemption, refit) exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mm_infer import LLM, SamplingParams
+from tests.models.nemotron_omni_cases import OMNI, hf, image_item, image_prompt, media_cases, request, text_ids
+
+CASES = media_cases()
+GEN = 10
+
+
+def make(**kw) -> LLM:
+    return LLM(str(OMNI), cpu_threads=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return make()
+
+
+def _same(a, b) -> None:
+    assert a.token_ids == b.token_ids
+    assert a.logprobs == b.logprobs, max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_equals_hf_generate_and_logprobs_a_teacher_forced_forward(llm, case):
+    # catches: state not carried from prefill into decode, a decode step clamped like a prompt, media rows spliced
+    # into the wrong <image> tokens, logprobs from the wrong row
+    ids, media, items = CASES[case]
+    out = llm.generate([request(ids, items)], SamplingParams(temperature=0.0, max_tokens=GEN, logprobs=0),
+                       use_tqdm=False)[0].outputs[0]
+    x = torch.tensor([ids])
+    gen = hf().generate(x, **media, max_new_tokens=GEN, do_sample=False, output_scores=True,
+                        return_dict_in_generate=True)
+    want = gen.sequences[0, len(ids):].tolist()
+    assert out.token_ids == want[:len(out.token_ids)] and len(out.token_ids) == GEN, (out.token_ids, want)
+    full = hf()(input_ids=torch.tensor([ids + out.token_ids]), **media).logits[0].float()
+    forced = torch.log_softmax(full[len(ids) - 1:-1], -1).gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    stepped = torch.stack([torch.log_softmax(s[0].float(), -1)[t] for s, t in zip(gen.scores, want, strict=True)])
+    ours = torch.tensor(out.logprobs)
+    assert (ours - forced).abs().max().item() < 1e-4
+    assert (ours - stepped).abs().max().item() < 1e-4
+    print(f"\n{case}: |ours - forced| {(ours - forced).abs().max().item():.2e}, |ours - HF generate| "
+          f"{(ours - stepped).abs().max().item():.2e}, |HF generate - forced| {(stepped - forced).abs().max():.2e}")
+
+
+def _image_prompt(seed: int, length_text: int = 0):
+    ids, patches = image_prompt([(4, 6)], seed=seed)
+    return request(ids + text_ids(length_text, seed + 7), [image_item(patches, (4, 6), f"img-{seed}")])
+
+
+def test_prefix_hit_equals_cold_bit_for_bit():
+    # catches: a hit resumed without its snapshot (zero or another prompt's state), a snapshot taken at the wrong
+    # position, a scan chunked differently after a hit than in a cold run
+    prompt = _image_prompt(1, 30)  # 46 tokens: the hit is the first 32
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, logprobs=1)
+    cold = make(batch_invariant=True, enable_prefix_caching=False).generate([prompt], greedy, use_tqdm=False)[0]
+    warm = make(batch_invariant=True)
+    first = warm.generate([prompt], greedy, use_tqdm=False)[0]
+    before = warm.engine.stats()
+    again = warm.generate([prompt], greedy, use_tqdm=False)[0]
+    after = warm.engine.stats()
+    assert after["prefix_hit_tokens"] - before["prefix_hit_tokens"] == (len(prompt.prompt_token_ids) - 1) // 16 * 16
+    assert after["state_restores"] - before["state_restores"] == 1
+    _same(first.outputs[0], cold.outputs[0])
+    _same(again.outputs[0], cold.outputs[0])
+
+
+def test_group_of_8_prefills_once_and_equals_8_separate_requests():
+    # catches: siblings that miss the prompt (the hybrid prefix cache at 0% on short prompts, vllm#40696), a fork
+    # that shares one live state between samples, a sample seeded or restored from the wrong slot
+    prompt = _image_prompt(2, 44)  # 16 + 44 = 60 tokens
+    n8 = SamplingParams(n=8, temperature=1.0, seed=11, max_tokens=6, logprobs=0)
+    llm = make(batch_invariant=True)
+    group = llm.generate([prompt], n8, use_tqdm=False)[0]
+    stats = llm.engine.stats()
+    shareable = (len(prompt.prompt_token_ids) - 1) // 16 * 16
+    assert len(prompt.prompt_token_ids) == 60 and shareable == 48
+    assert stats["prefix_hit_tokens"] == 7 * shareable and stats["prefix_query_tokens"] == 8 * 60
+    assert stats["state_restores"] == 7 and stats["state_snapshots_taken"] == 1
+    assert len({tuple(o.token_ids) for o in group.outputs}) > 1
+    alone = make(batch_invariant=True, enable_prefix_caching=False)
+    for i, out in enumerate(group.outputs):
+        one = SamplingParams(temperature=1.0, seed=11 + i, max_tokens=6, logprobs=0)
+        _same(out, alone.generate([prompt], one, use_tqdm=False)[0].outputs[0])
+
+
+def test_chunked_prefill_carries_the_state_across_steps():
+    # catches: a chunk restarting from zero or from a stale slot, the conv window lost between chunks
+    prompts = [_image_prompt(3, 40), request(text_ids(70, 4))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0)
+    whole = make(enable_prefix_caching=False).generate(prompts, greedy, use_tqdm=False)
+    chunked = make(enable_prefix_caching=False, long_prefill_token_threshold=13,
+                   max_num_batched_tokens=32).generate(prompts, greedy, use_tqdm=False)
+    for a, b in zip(whole, chunked, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert max(abs(x - y) for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True)) <= 1e-5
+
+
+def _slots_back(engine) -> None:
+    stats = engine.stats()
+    assert stats["state_live_free"] == stats["state_live_slots"], "a finished sequence kept its live state slot"
+    engine.block_manager.check_invariants(engine.scheduler.live_sequences())
+
+
+def test_preemption_and_abort_leave_no_state_behind():
+    # catches: a preempted sequence resuming from its old slot (it recomputes from zero), slots leaked on abort
+    prompts = [request(text_ids(20 + 9 * i, 40 + i)) for i in range(5)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, logprobs=0)
+    roomy = make(num_kv_blocks=256).generate(prompts, greedy, use_tqdm=False)
+    tight = make(num_kv_blocks=9, max_num_batched_tokens=128)
+    outs = tight.generate(prompts, greedy, use_tqdm=False)
+    assert tight.engine.stats()["preemptions"] > 0
+    for a, b in zip(roomy, outs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    _slots_back(tight.engine)
+    engine = tight.engine
+    for i in range(3):
+        engine.add_request(f"r{i}", request(text_ids(25, 60 + i)), SamplingParams(n=2, temperature=1.0, seed=i,
+                                                                                   max_tokens=30))
+    for _ in range(4):
+        engine.step()
+        engine.block_manager.check_invariants(engine.scheduler.live_sequences())
+    engine.abort("r1")
+    while engine.has_unfinished():
+        engine.step()
+    _slots_back(engine)
+
+
+def test_refit_and_cache_reset_drop_every_snapshot(llm):
+    # catches: a snapshot of the old weights' state restored after a refit
+    engine = llm.engine
+    llm.generate([_image_prompt(5, 20)], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
+    assert engine.stats()["state_snapshots_held"] >= 1
+    engine.reset_caches()
+    assert engine.stats()["state_snapshots_held"] == 0
+    assert len(engine.block_manager.states.free_snapshots) == engine.block_manager.states.snapshots
+    before = engine.stats()["state_restores"]
+    llm.generate([_image_prompt(5, 20)], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
+    assert engine.stats()["state_restores"] == before  # nothing to restore from: computed again
