@@ -12,8 +12,8 @@ from mm_infer.config import EngineConfig
 from mm_infer.media.frame_batch import FrameBatch
 from mm_infer.media.patchify import DEFAULT_SPEC
 from mm_infer.models.attention import DenseAttentionContext
-from mm_infer.models.recurrent_batch import fresh_batch
 from mm_infer.models.qwen_vl import QwenVLModel
+from mm_infer.models.recurrent_batch import fresh_batch
 from mm_infer.sizes import format_size
 from mm_infer_kernels.geometry import PatchGeometry
 
