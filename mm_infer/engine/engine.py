@@ -199,8 +199,9 @@ class LLMEngine:
             result = self.runner.run(batch.chunks)
         except Exception as exc:
             error = step_failure(exc)
-            rerun = lambda cs: self.runner.run(cs, commit_state=False)  # noqa: E731 - the step is scheduled again
-            return outputs + [self._end(g, "error", error) for g in culprits(rerun, batch.chunks)]
+            with self.runner.states_frozen():  # the survivors' chunks are scheduled again: their states stay put
+                blamed = culprits(self.runner.run, batch.chunks)
+            return outputs + [self._end(g, "error", error) for g in blamed]
         self.scheduler.update(batch, result.routing)
         return outputs + self._postprocess(batch, result)
 

@@ -145,3 +145,37 @@ def test_refit_and_cache_reset_drop_every_snapshot(llm):
     before = engine.stats()["state_restores"]
     llm.generate([_image_prompt(5, 20)], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
     assert engine.stats()["state_restores"] == before  # nothing to restore from: computed again
+
+
+@pytest.mark.parametrize("after_tokens", [0, 3], ids=["fails-in-prefill", "fails-in-decode"])
+def test_a_failed_step_advances_no_survivors_state(after_tokens):
+    # catches: fault isolation's reruns writing states back, so a survivor's scan would advance twice
+    engine = make(batch_invariant=True).engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, min_tokens=10)
+    good = request(text_ids(27, 70))
+    engine.add_request("solo", good, greedy)
+    solo = _drain(engine)["solo"].outputs[0].token_ids
+    real = engine.runner.run
+
+    def run(chunks):
+        if any(c.seq.group.request_id == "bad" and c.seq.num_output_tokens >= after_tokens for c in chunks):
+            raise RuntimeError("injected fault")
+        return real(chunks)
+
+    engine.runner.run = run
+    engine.add_request("good", good, greedy)
+    engine.step()
+    engine.add_request("bad", request(text_ids(19, 71)), greedy)
+    finals = _drain(engine)
+    assert finals["bad"].error is not None
+    assert finals["good"].outputs[0].token_ids == solo and finals["good"].error is None
+    _slots_back(engine)
+
+
+def _drain(engine) -> dict:
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    return finals

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +89,7 @@ class ModelRunner:
         # before any graph is captured: graphs then write the same buffer
         self.routing = model.capture_routing(limits.routing_rows) if limits.routing_rows else None
         self.states = model.state_pool(limits.state_slots) if getattr(model, "has_recurrent_state", False) else None
+        self.commit_state = True
         self.batch = PersistentBatch(limits.max_num_seqs, max_blocks, self.zero_block, model.device)
         self.graphs = DecodeGraphs(model, self.kv, self.scratch_block, max_blocks, limits.max_num_seqs,
                                    limits.capture) if limits.static_decode else None
@@ -308,13 +310,21 @@ class ModelRunner:
             row += c.num_tokens
         return RecurrentBatch(self.states, segments)
 
+    @contextmanager
+    def states_frozen(self) -> Iterator[None]:
+        """Runs inside write no recurrent state back (fault isolation's reruns: the step is scheduled again)."""
+        self.commit_state = False
+        try:
+            yield
+        finally:
+            self.commit_state = True
+
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk], commit_state: bool = True) -> StepOutput:
+    def run(self, chunks: list[ScheduledChunk]) -> StepOutput:
         """One forward over the scheduled chunks: plan, tensors, embeddings, LM, logits of the rows that need them.
 
         Pure decode steps take the static path (CUDA graphs on CUDA) when the runner has one. A hybrid model's
-        advanced recurrent states are written back only once all of it succeeded, and not at all without
-        commit_state (fault isolation's reruns: the step is scheduled again)."""
+        advanced recurrent states are written back only once all of it succeeded (and not inside states_frozen)."""
         plan = BatchPlan.build(chunks, self.block_size)
         self._clear_fresh_blocks(chunks)
         sample_chunks = plan.sample_chunks
@@ -333,7 +343,7 @@ class ModelRunner:
             self._score_block(plan, lo, logits, out)
             for lo, logits in blocks:
                 self._score_block(plan, lo, logits, out)
-            if attn.recurrent is not None and commit_state:
+            if attn.recurrent is not None and self.commit_state:
                 attn.recurrent.commit()
         out.routing = self._routing(plan)
         return out
