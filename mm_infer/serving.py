@@ -68,10 +68,11 @@ class MetaReference:
     @property
     def reference_model(self) -> torch.nn.Module:
         if self._reference is None:
-            from mm_infer.models.qwen_vl import QwenVLModel
+            from mm_infer.models.loader import model_class
 
+            config = self.preparer.model_config
             with torch.device("meta"):
-                self._reference = QwenVLModel(self.preparer.model_config)
+                self._reference = model_class(config)(config)
         return self._reference
 
 

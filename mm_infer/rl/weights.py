@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from mm_infer.models.loader import hf_target, target_view, tensor_fits
+from mm_infer.models.loader import target_view, tensor_fits, tensor_target
 
 Bucket = list[tuple[str, Tensor]]
 
@@ -52,7 +52,7 @@ def plan_refit(model_dir: str | Path, model: torch.nn.Module) -> list[TensorEntr
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():
-                target = hf_target(key)
+                target = tensor_target(model)(key)
                 if target is None or (target[0] == "lm_head.weight" and tied):
                     continue
                 name, part = target

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mm_infer.models.loader import hf_target, target_view, tensor_fits
+from mm_infer.models.loader import target_view, tensor_fits, tensor_target
 from mm_infer.transfer.collective import BroadcastGroup, join_group
 from mm_infer.transfer.packing import DEFAULT_BUFFER_BYTES, DEFAULT_NUM_BUFFERS, TensorMeta, chunk_plan, unpack
 
@@ -48,7 +48,7 @@ def check_metas(model: torch.nn.Module, metas: Sequence[TensorMeta]) -> None:
     params = dict(model.named_parameters())
     tied = getattr(model, "lm_head", None) is None
     for meta in metas:
-        target = hf_target(meta.name)
+        target = tensor_target(model)(meta.name)
         if target is None or (target[0] == "lm_head.weight" and tied):
             continue  # names a checkpoint may carry that this model does not load (rotary buffers, a tied head)
         name, part = target
