@@ -62,8 +62,27 @@ class InputVideoPart(Strict):
     uuid: str | None = None
 
 
-ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart | InputImagePart | InputVideoPart,
-                        Field(discriminator="type")]
+class AudioData(Strict):
+    data: str
+    format: str | None = None
+
+
+class InputAudioPart(Strict):
+    """OpenAI's audio part: parsed so that it is refused by name (no served model has an audio tower yet)."""
+
+    type: Literal["input_audio"]
+    input_audio: AudioData | None = None
+    uuid: str | None = None
+
+
+class AudioURLPart(Strict):
+    type: Literal["audio_url"]
+    audio_url: URLRef | str | None = None
+    uuid: str | None = None
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart | InputImagePart | InputVideoPart | InputAudioPart
+                        | AudioURLPart, Field(discriminator="type")]
 
 
 class ToolCallFunction(Strict):

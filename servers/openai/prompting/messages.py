@@ -9,8 +9,10 @@ from typing import Any
 from mm_infer.prompt.chat_prompt import CarriedTurn
 from servers.openai.bodies.errors import ApiError
 from servers.openai.bodies.requests import (
+    AudioURLPart,
     ChatMessage,
     ImageURLPart,
+    InputAudioPart,
     InputImagePart,
     InputVideoPart,
     TextPart,
@@ -64,6 +66,10 @@ def _content(msg: ChatMessage, index: int, media: list[MediaRef]) -> str | list[
             ref = _media_ref(part, f"messages[{index}].content[{j}]")
             media.append(ref)
             out.append({"type": ref.kind})
+        elif isinstance(part, (InputAudioPart, AudioURLPart)):
+            where = f"messages[{index}].content[{j}]"
+            raise ApiError(400, f"{where}: {part.type} parts are not supported: the served model has no audio "
+                                "tower (no audio_config in its config.json)", param=where)
     return out
 
 
