@@ -11,8 +11,8 @@ import torch
 
 from mm_infer.media.errors import MediaInvalidError, MediaTooLargeError
 
-Sampler = Literal["hf", "vllm", "qwen", "qwen3"]
-SAMPLERS: tuple[str, ...] = ("hf", "vllm", "qwen", "qwen3")
+Sampler = Literal["hf", "vllm", "qwen", "qwen3", "hf_base"]
+SAMPLERS: tuple[str, ...] = ("hf", "vllm", "qwen", "qwen3", "hf_base")
 
 QWEN_MIN_FRAMES = 4
 QWEN_MAX_FRAMES = 768
@@ -37,7 +37,7 @@ class FrameRule:
 
     total: int
     video_fps: float
-    fps: float = 2.0
+    fps: float | None = 2.0  # None: no target rate (the hf_base rule then keeps every frame)
     num_frames: int | None = None
     factor: int = 2  # the temporal patch: sampled counts are multiples of it (hf, qwen)
     min_frames: int = QWEN_MIN_FRAMES
@@ -113,24 +113,38 @@ def _qwen3(r: FrameRule) -> list[int]:
     return np.linspace(0, r.total - 1, n).round().astype(int).tolist()
 
 
+def _hf_base(r: FrameRule) -> list[int]:
+    """transformers' default_sample_indices_fn (BaseVideoProcessor.sample_frames; Nemotron Omni): n = num_frames,
+    else max(1, int(total / video_fps * fps)), then arange(n) * total // n; every frame when neither is given.
+    num_frames wins over fps (HF refuses both)."""
+    n = r.num_frames
+    if n is None and r.fps is not None:
+        n = max(1, int(r.total / r.video_fps * r.fps))
+    if n is None:
+        return list(range(r.total))
+    if not 0 < n <= r.total:
+        raise MediaInvalidError(f"cannot sample {n} frames from a video of {r.total} frames")
+    return (np.arange(n, dtype=np.int64) * r.total // n).tolist()
+
+
 def _vllm(r: FrameRule, family: str) -> list[int]:
     """vLLM 0.32's Qwen2VLVideoBackend / Qwen3VLVideoBackend: the HF rule at min(fps, 30), num_frames ignored."""
     fps_driven = replace(r, fps=min(r.fps, VLLM_MAX_FPS), num_frames=None)
     return _qwen3(fps_driven) if family == "qwen3" else _hf(fps_driven)
 
 
-def sample_indices(sampler: str, total: int, video_fps: float, *, fps: float = 2.0, num_frames: int | None = None,
-                   factor: int = 2, min_frames: int = QWEN_MIN_FRAMES, max_frames: int = QWEN_MAX_FRAMES,
-                   family: str = "qwen2") -> list[int]:
+def sample_indices(sampler: str, total: int, video_fps: float, *, fps: float | None = 2.0,
+                   num_frames: int | None = None, factor: int = 2, min_frames: int = QWEN_MIN_FRAMES,
+                   max_frames: int = QWEN_MAX_FRAMES, family: str = "qwen2") -> list[int]:
     """Indices into the decoded frames of a video with `total` frames at `video_fps`."""
     if total < 1:
         raise MediaInvalidError("video has 0 frames")
-    if video_fps <= 0 and num_frames is None:  # probe() refuses such files; frame lists reach here directly
+    if video_fps <= 0 and num_frames is None and fps is not None:  # probe() refuses such files
         raise MediaInvalidError("the video reports no frame rate: give num_frames or frame_indices")
     rule = FrameRule(total, video_fps, fps, num_frames, factor, min_frames, max_frames)
     if sampler == "vllm":
         return _vllm(rule, family)
-    pick = {"hf": _hf, "qwen": _qwen, "qwen3": _qwen3}.get(sampler)
+    pick = {"hf": _hf, "qwen": _qwen, "qwen3": _qwen3, "hf_base": _hf_base}.get(sampler)
     if pick is None:
         raise MediaInvalidError(f"unknown frame sampler '{sampler}', expected one of {SAMPLERS}")
     return pick(rule)

@@ -15,6 +15,7 @@ from mm_infer.prompt.chat_prompt import ChatPrompt, TemplateOptions, chat_token_
 from mm_infer.prompt.inputs import PromptInput, parse_prompt
 from mm_infer.prompt.media import MediaDefaults, media_defaults
 from mm_infer.prompt.mrope import mrope_from_placeholders
+from mm_infer.prompt.omni_placeholders import OmniText, OmniTokens, check_pruning, expand_omni, flat_positions
 from mm_infer.prompt.placeholders import FramedVideo, PlaceholderIds, PromptError, expand_placeholders
 from mm_infer.prompt.request import VLMRequest
 from mm_infer.prompt.templating import ChatRenderer, flat_token_ids, media_token_text
@@ -69,6 +70,23 @@ def build_request(renderer: ChatRenderer | Any, ids: PlaceholderIds, prompt: Pro
     return VLMRequest(token_ids, ranges, items, positions.to(torch.long), delta, prompt.text, prompt.cache_salt)
 
 
+def build_omni_request(renderer: ChatRenderer | Any, tok: OmniTokens, prompt: PromptInput, *, merge_size: int = 2,
+                       temporal_patch: int = 2, video_pruning_rate: float = 0.0) -> VLMRequest:
+    """Nemotron Omni: render (or take) the ids, expand or check its <image> / <video> markers as HF's processor
+    does; no RoPE, so positions are the plain sequence."""
+    renderer = renderer if isinstance(renderer, ChatRenderer) else ChatRenderer(renderer, {})
+    check_pruning(prompt.videos, video_pruning_rate)
+    raw = render_prompt(renderer, prompt=prompt.text, prompt_token_ids=prompt.token_ids, messages=prompt.messages,
+                        chat_template_kwargs=prompt.chat_template_kwargs)
+    token_ids, ranges, order = expand_omni(raw, tok, OmniText.of(renderer.tokenizer), prompt.images, prompt.videos,
+                                           merge=merge_size, temporal_patch=temporal_patch,
+                                           preexpanded=prompt.media_tokens_preexpanded)
+    by_kind = {"image": list(prompt.images), "video": list(prompt.videos)}
+    positions, delta = flat_positions(len(token_ids))
+    return VLMRequest(token_ids, ranges, [by_kind[m][k] for m, k in order], positions, delta, prompt.text,
+                      prompt.cache_salt)
+
+
 class PromptPreparer:
     """Tokenizer, chat renderer, placeholder ids and media defaults of one checkpoint: prompts -> VLMRequest."""
 
@@ -80,7 +98,12 @@ class PromptPreparer:
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_pretrained(self.model_dir)
         self.placeholder_ids = PlaceholderIds(mcfg.image_token_id, mcfg.video_token_id,
                                               mcfg.vision_start_token_id, mcfg.vision_end_token_id)
-        self.renderer = ChatRenderer(self.tokenizer, media_token_text(self.tokenizer, self.placeholder_ids))
+        self.omni = (OmniTokens(mcfg.image_token_id, mcfg.video_token_id, mcfg.vision_start_token_id,
+                                mcfg.vision_end_token_id) if mcfg.kind == "nemotron_h_omni" else None)
+        media_text = (media_token_text(self.tokenizer, self.placeholder_ids) if self.omni is None else
+                      {"image": self.tokenizer.decode([self.omni.image]),
+                       "video": self.tokenizer.decode([self.omni.video])})  # Omni: bare markers, HF expands them
+        self.renderer = ChatRenderer(self.tokenizer, media_text)
         self.merge_size = mcfg.vision.spatial_merge_size
         self.tokens_per_second = mcfg.vision.tokens_per_second if mcfg.kind == "qwen2_5_vl" else None
         media = media or MediaConfig()
@@ -97,5 +120,10 @@ class PromptPreparer:
         if isinstance(prompt, VLMRequest):
             return prompt
         typed = prompt if isinstance(prompt, PromptInput) else self.parse(prompt)
+        if self.omni is not None:
+            omni = self.model_config.omni
+            return build_omni_request(self.renderer, self.omni, typed, merge_size=self.merge_size,
+                                      temporal_patch=self.model_config.vision.temporal_patch_size,
+                                      video_pruning_rate=float(getattr(omni, "video_pruning_rate", 0.0) or 0.0))
         return build_request(self.renderer, self.placeholder_ids, typed, merge_size=self.merge_size,
                              tokens_per_second=self.tokens_per_second, mrope_after_video=self.mrope_after_video)

@@ -24,7 +24,8 @@ class MediaItem:
     grid_thw: tuple[int, int, int]
     content_hash: str
     second_per_grid_t: float | None = None
-    timestamps: tuple[float, ...] | None = None  # Qwen3-VL videos: seconds of each temporal patch (prompt text)
+    timestamps: tuple[float, ...] | None = None  # seconds the prompt writes: per temporal patch (Qwen3-VL), per
+    # frame (Nemotron Omni)
     frame_indices: tuple[int, ...] | None = None  # videos: the decoded frames used, as the sampler picked them
 
     def __post_init__(self) -> None:
@@ -65,14 +66,14 @@ def pixel_hash(packed: PackedTensor) -> str:
 
 
 def items_from_packed(modality: str, packed: PackedTensor, seconds: list[float] | None = None,
-                      timestamps: list[list[float]] | None = None,
+                      timestamps: list[list[float] | None] | None = None,
                       frames: list[list[int]] | None = None) -> list[MediaItem]:
     """One MediaItem per item of a PackedTensor (its upstream content hashes, else a pixel digest)."""
     parts = packed.split()
     hashes = list(packed.content_hashes) if packed.content_hashes else [pixel_hash(p) for p in parts]
     return [MediaItem(modality, part, tuple(int(x) for x in part.imgs_sizes[0].tolist()),  # type: ignore[arg-type]
                       hashes[k], None if seconds is None else float(seconds[k]),
-                      None if timestamps is None else tuple(timestamps[k]),
+                      None if timestamps is None or timestamps[k] is None else tuple(timestamps[k]),
                       None if frames is None else tuple(frames[k]))
             for k, part in enumerate(parts)]
 
