@@ -17,6 +17,7 @@ import torch
 from mm_infer_kernels import _triton
 from mm_infer_kernels import fused_patch_embed as _pe
 from mm_infer_kernels import fused_patchify as _pf
+from mm_infer_kernels import mamba_segments as _ms
 from mm_infer_kernels import paged_decode as _pd
 from mm_infer_kernels import paged_prefill as _pp
 from mm_infer_kernels import patch_merge as _pm
@@ -34,7 +35,8 @@ ENV = "MM_INFER_KERNELS"
 __all__ = ["CLIP", "QWEN2_VL", "Normalize", "PatchGeometry", "Layout", "Backend", "select_backend", "pack_frames",
            "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
            "patch_embed_rows", "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge",
-           "merge_units", "interpreting", "paged_decode", "paged_prefill"]
+           "merge_units", "interpreting", "paged_decode", "paged_prefill", "mamba_conv", "mamba_scan", "Segments"]
+Segments = _ms.Segments
 
 
 def select_backend(*tensors: torch.Tensor) -> Backend:
@@ -150,3 +152,19 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return _pp.paged_prefill_triton(q, k_cache, v_cache, tables, q_starts, q_lens, ctx_lens, block_size, max_q,
                                         out)
     return _pp.paged_prefill_reference(q, k_cache, v_cache, tables, q_starts, q_lens, ctx_lens, block_size, out)
+
+
+def mamba_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pool: torch.Tensor,
+               seg: _ms.Segments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv + SiLU of every segment's rows of x [N, C] from its pool slot -> (out [N, C], final
+    conv states [S, C, K-1], states at the snapshot offsets)."""
+    fn = _ms.conv_triton if select_backend(x, pool) == "triton" else _ms.conv_reference
+    return fn(x, weight, bias, pool, seg)
+
+
+def mamba_scan(x: torch.Tensor, dt: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor, b: torch.Tensor,
+               c: torch.Tensor, d: torch.Tensor, pool: torch.Tensor, seg: _ms.Segments,
+               dt_min: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The SSD recurrence over every segment from its pool slot -> (y [N, H, P] float32, final states, snapshots)."""
+    fn = _ms.scan_triton if select_backend(x, pool) == "triton" else _ms.scan_reference
+    return fn(x, dt, dt_bias, a_log, b, c, d, pool, seg, dt_min)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+import mm_infer_kernels.dispatch as K
 from mm_infer.models.mamba2 import Mamba2Dims, MambaState
 
 
@@ -90,11 +91,16 @@ class RecurrentBatch:
     pool: StatePool
     segments: list[StateSegment]
     staged: list[tuple[int, int, MambaState]] = field(default_factory=list)  # (layer, slot, state)
+    staged_kernel: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
+    _device_segments: K.Segments | None = None
 
     def run_layer(self, layer: int, mixer: torch.nn.Module, h: Tensor) -> Tensor:
         """Mixer output [N, D] for the normed input h [N, D]: the projections over the whole batch, the conv and
-        scan for each segment from its slot, piece by piece; rows outside every segment (padding) mix nothing."""
+        scan for each segment from its slot (one launch each on the Triton path; piece by piece in torch, the
+        chunked scan HF runs); rows outside every segment (padding) mix nothing."""
         zxbcdt = mixer.in_proj(h)  # [N, I + C + H]
+        if K.select_backend(h, self.pool.ssm[layer]) == "triton":
+            return mixer.out_proj(self._mix_kernels(layer, mixer, zxbcdt))
         mixed = h.new_zeros(h.shape[0], mixer.d.inner)  # [N, I]
         for seg in self.segments:
             state = self.pool.read(layer, seg.read)
@@ -107,11 +113,50 @@ class RecurrentBatch:
             self.staged.append((layer, seg.write, state))
         return mixer.out_proj(mixed)
 
+    def _kernel_segments(self, device: torch.device) -> K.Segments:
+        """The segments as the kernels' device metadata (built once per step)."""
+        if self._device_segments is None:
+            rows = [(s.row, s.length, s.start, s.prompt_len, -1 if s.read is None else s.read,
+                     s.snapshot[0] - s.start if s.snapshot is not None and s.start < s.snapshot[0] <= s.start
+                     + s.length else 0) for s in self.segments]
+            self._device_segments = K.Segments.build(rows, device)
+        return self._device_segments
+
+    def _mix_kernels(self, layer: int, mixer: torch.nn.Module, zxbcdt: Tensor) -> Tensor:
+        """mixer.mix for every segment at once: the conv and the scan kernels over the pool; the final and snapshot
+        states are staged -> [N, I]."""
+        d, seg = mixer.d, self._kernel_segments(zxbcdt.device)
+        z, xbc, dt = zxbcdt.split([d.inner, d.conv_dim, d.heads], dim=-1)
+        bias = mixer.conv1d.bias
+        conv, conv_end, conv_snap = K.mamba_conv(xbc, mixer.conv1d.weight[:, 0].contiguous(), bias,
+                                                 self.pool.conv[layer], seg)
+        x, b, c = conv.split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
+        n = zxbcdt.shape[0]
+        y, ssm_end, ssm_snap = K.mamba_scan(x.reshape(n, d.heads, d.head_dim), dt, mixer.dt_bias, mixer.A_log,
+                                            b.reshape(n, d.groups, d.state), c.reshape(n, d.groups, d.state),
+                                            mixer.D, self.pool.ssm[layer], seg, d.time_step_min)
+        self.staged_kernel.append((layer, conv_end, ssm_end, conv_snap, ssm_snap, seg.snap))
+        return mixer.norm(y.reshape(n, d.inner).to(zxbcdt.dtype), z)
+
     def commit(self) -> None:
         for layer, slot, state in self.staged:
             self.pool.conv[layer][slot] = state.conv
             self.pool.ssm[layer][slot] = state.ssm
         self.staged.clear()
+        if self.staged_kernel:
+            device = self.staged_kernel[0][1].device
+            writes = torch.tensor([s.write for s in self.segments], device=device)
+            kept = [k for k, s in enumerate(self.segments) if s.snapshot is not None and s.start < s.snapshot[0]
+                    <= s.start + s.length]
+            kept_rows = torch.tensor(kept, dtype=torch.long, device=device)
+            kept_slots = torch.tensor([self.segments[k].snapshot[1] for k in kept], device=device)  # type: ignore
+            for layer, conv_end, ssm_end, conv_snap, ssm_snap, _ in self.staged_kernel:
+                self.pool.conv[layer][writes] = conv_end
+                self.pool.ssm[layer][writes] = ssm_end
+                if kept:
+                    self.pool.conv[layer][kept_slots] = conv_snap[kept_rows]
+                    self.pool.ssm[layer][kept_slots] = ssm_snap[kept_rows]
+            self.staged_kernel.clear()
 
 
 def fresh_batch(pool: StatePool, seq_lens: Sequence[int]) -> RecurrentBatch:

@@ -210,3 +210,20 @@ def test_refits_in_memory_and_from_disk_follow_hf(tmp_path):
     llm.update_weights_from_disk(str(OMNI))
     llm.update_weights(list(ref.state_dict().items()))  # transformers' names: stacked experts, split q/k/v
     assert llm.generate([request(ids, items)], greedy, use_tqdm=False)[0].outputs[0].token_ids == want
+
+
+def test_the_kernel_path_equals_the_torch_path(monkeypatch):
+    # the CUDA path's segment kernels (Triton; the interpreter here), snapshots and restores included: catches a
+    # kernel state written to the wrong slot, a snapshot of the wrong step, a restore that reads zeros
+    ids, _, items = CASES["video"]
+    prompts = [request(ids, items), _image_prompt(8, 30)]
+    params = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=3, logprobs=0)
+    want = make().generate(prompts, params, use_tqdm=False)
+    monkeypatch.setenv("MM_INFER_KERNELS", "triton")
+    llm = make()
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.engine.stats()["state_restores"] >= 1  # the 46-token prompt's second sample restored a snapshot
+    for a, b in zip(want, got, strict=True):
+        for x, y in zip(a.outputs, b.outputs, strict=True):
+            assert x.token_ids == y.token_ids
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-4

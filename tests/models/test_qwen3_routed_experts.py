@@ -120,8 +120,16 @@ def test_preempted_samples_return_the_routing_of_an_uninterrupted_run(llm):
 
 
 def test_a_model_without_moe_layers_is_refused():
-    with pytest.raises(ValueError, match="needs an MoE model; tiny-qwen3-vl has no MoE layer"):
+    with pytest.raises(ValueError, match="needs a Qwen3-VL MoE model; tiny-qwen3-vl has no MoE layer"):
         LLM(str(QWEN3["qwen3_vl"]), enable_return_routed_experts=True, num_kv_blocks=16)
+
+
+def test_a_hybrid_model_is_refused_by_name():
+    # catches: R3 silently returning nothing for Nemotron-H's MoE layers (not recorded yet)
+    from tests.models.nemotron_omni_cases import OMNI
+
+    with pytest.raises(ValueError, match="not built for hybrid"):
+        LLM(str(OMNI), enable_return_routed_experts=True, num_kv_blocks=16)
 
 
 def test_static_decode_records_routing_too(llm):
