@@ -222,6 +222,9 @@ def _add_engine_flags(srv: argparse.ArgumentParser) -> None:
                      help="fraction of the GPU this engine may use, KV pool included (default 0.9)")
     srv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                      help="reuse KV of shared prompt prefixes (default: on)")
+    srv.add_argument("--state-snapshots", type=int, default=None,
+                     help="hybrid models (Nemotron-H): recurrent-state snapshots kept for prefix hits and n-sample "
+                          "forks, out of the KV budget (default: --max-num-seqs)")
     srv.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                      help="no CUDA graphs for decode steps")
     srv.add_argument("--batch-invariant", action="store_true",

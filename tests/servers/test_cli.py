@@ -33,8 +33,9 @@ def test_serve_arguments_parse():
 def test_engine_flags_reach_the_engine_config():
     args = serve("--kv-cache-memory-bytes", "2GiB", "--batch-invariant", "--gpu-memory-utilization", "0.5",
                  "--max-num-batched-tokens", "1024", "--enforce-eager", "--block-size", "32", "--seed", "7",
-                 "--long-prefill-token-threshold", "512")
+                 "--long-prefill-token-threshold", "512", "--state-snapshots", "5")
     config = EngineConfig.from_options(str(CKPT), **engine_options(args))
+    assert config.cache.state_snapshots == 5
     assert (config.cache.kv_cache_memory_bytes, config.cache.gpu_memory_utilization) == (2 * 2**30, 0.5)
     assert config.batch_invariant and config.enforce_eager and config.scheduler.max_num_batched_tokens == 1024
     assert (config.cache.block_size, config.seed, config.scheduler.long_prefill_token_threshold) == (32, 7, 512)
