@@ -134,6 +134,11 @@ class Mamba2Mixer(nn.Module):
         per sequence. A decode step (one generated token) takes the recurrence with dt unclamped; prompt tokens,
         however few, the chunked scan with dt clamped, as HF does."""
         d = self.d
+        if decode:
+            assert zxbcdt.shape[0] == 1, "a decode step is one token"
+            out, conv, ssm = self.step_batch(zxbcdt, state.conv[None], state.ssm[None])
+            state.conv, state.ssm = conv[0], ssm[0]
+            return out
         z, xbc, dt = zxbcdt.split([d.inner, d.conv_dim, d.heads], dim=-1)
         x, b, c = self._conv(xbc, state).split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
         a = -torch.exp(self.A_log.float())  # [H]
@@ -141,11 +146,27 @@ class Mamba2Mixer(nn.Module):
         per = d.heads // d.groups
         x32 = x.float().view(-1, d.heads, d.head_dim)  # [L, H, P]
         b, c = (t.float().view(-1, d.groups, d.state).repeat_interleave(per, dim=1) for t in (b, c))  # [L, H, N]
-        if decode:
-            assert zxbcdt.shape[0] == 1, "a decode step is one token"
-            y, state.ssm = scan_step(x32[0], dt[0], a, b[0], c[0], state.ssm)
-            y = y[None]
-        else:
-            y, state.ssm = chunked_scan(x32, dt.clamp(min=d.time_step_min), a, b, c, state.ssm, d.chunk)
+        y, state.ssm = chunked_scan(x32, dt.clamp(min=d.time_step_min), a, b, c, state.ssm, d.chunk)
         y = y + self.D.float()[:, None] * x32  # [L, H, P]
         return self.norm(y.reshape(-1, d.inner).to(zxbcdt.dtype), z)
+
+    def step_batch(self, zxbcdt: Tensor, conv: Tensor, ssm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One generated token of each of B sequences, HF's decode path: in_proj rows [B, I + C + H], conv windows
+        [B, C, K-1], states [B, H, P, N] -> (gated, normed output [B, I], the new windows, the new states). The conv
+        is the weighted sum over the window, dt is not clamped; every reduction runs row by row, so a sequence's
+        numbers do not depend on the others in the batch."""
+        d, n = self.d, zxbcdt.shape[0]
+        z, xbc, dt = zxbcdt.split([d.inner, d.conv_dim, d.heads], dim=-1)
+        window = torch.cat([conv, xbc[:, :, None]], dim=2)  # [B, C, K]
+        xbc = (window * self.conv1d.weight[:, 0]).sum(-1)  # [B, C]
+        if self.conv1d.bias is not None:
+            xbc = xbc + self.conv1d.bias
+        x, b, c = F.silu(xbc).split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
+        a = -torch.exp(self.A_log.float())  # [H]
+        dt = F.softplus(dt.float() + self.dt_bias.float())  # [B, H]
+        x32 = x.float().view(n, d.heads, d.head_dim)  # [B, H, P]
+        per = d.heads // d.groups
+        b, c = (t.float().view(n, d.groups, d.state).repeat_interleave(per, dim=1) for t in (b, c))  # [B, H, N]
+        ssm = ssm * torch.exp(dt * a)[..., None, None] + (dt[..., None] * x32)[..., None] * b[:, :, None, :]
+        y = (ssm * c[:, :, None, :]).sum(-1) + self.D.float()[:, None] * x32  # [B, H, P]
+        return self.norm(y.reshape(n, d.inner).to(zxbcdt.dtype), z), window[:, :, 1:], ssm

@@ -90,8 +90,10 @@ class RecurrentBatch:
 
     pool: StatePool
     segments: list[StateSegment]
+    invariant: bool = False  # batch-invariant mode: every segment's conv and scan run alone
     staged: list[tuple[int, int, MambaState]] = field(default_factory=list)  # (layer, slot, state)
     staged_kernel: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
+    staged_steps: list[tuple[int, list[int], Tensor, Tensor]] = field(default_factory=list)  # batched decode
     _device_segments: K.Segments | None = None
 
     def run_layer(self, layer: int, mixer: torch.nn.Module, h: Tensor) -> Tensor:
@@ -102,7 +104,17 @@ class RecurrentBatch:
         if K.select_backend(h, self.pool.ssm[layer]) == "triton":
             return mixer.out_proj(self._mix_kernels(layer, mixer, zxbcdt))
         mixed = h.new_zeros(h.shape[0], mixer.d.inner)  # [N, I]
+        # decode steps all at once; under batch invariance one by one (a row's reductions would see the batch size)
+        steps = [] if self.invariant else [s for s in self.segments if s.length == 1 and s.start >= s.prompt_len]
+        if steps:
+            rows, reads = [s.row for s in steps], [s.read for s in steps]
+            assert None not in reads, "a decode step continues a state"
+            mixed[rows], conv, ssm = mixer.step_batch(zxbcdt[rows], self.pool.conv[layer][reads],
+                                                      self.pool.ssm[layer][reads])
+            self.staged_steps.append((layer, [s.write for s in steps], conv, ssm))
         for seg in self.segments:
+            if steps and seg.length == 1 and seg.start >= seg.prompt_len:
+                continue
             state = self.pool.read(layer, seg.read)
             for lo, hi, decode, snap in seg.pieces():
                 rows = slice(seg.row + lo, seg.row + hi)
@@ -143,6 +155,10 @@ class RecurrentBatch:
             self.pool.conv[layer][slot] = state.conv
             self.pool.ssm[layer][slot] = state.ssm
         self.staged.clear()
+        for layer, slots, conv, ssm in self.staged_steps:
+            self.pool.conv[layer][slots] = conv
+            self.pool.ssm[layer][slots] = ssm
+        self.staged_steps.clear()
         if self.staged_kernel:
             device = self.staged_kernel[0][1].device
             writes = torch.tensor([s.write for s in self.segments], device=device)

@@ -16,7 +16,18 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[2]
-IMAGE, START, END, PAD = 3006, 3003, 3004, 3000
+IMAGE, START, END, PAD = 3006, 3003, 3004, 3000  # the tiny Qwen checkpoints' ids
+
+
+def family_ids(model_dir: str) -> tuple[list[int], int, int, list[int]]:
+    """(the media marker a prompt carries, its pad/image token, the padding id, ids HF must not sample): Qwen's
+    <|vision_start|><|image_pad|><|vision_end|>, Nemotron Omni's bare <image> (the processor adds <img></img>)."""
+    from mm_infer.models.config import load_config
+
+    cfg = load_config(model_dir)
+    if cfg.kind == "nemotron_h_omni":
+        return [cfg.image_token_id], cfg.image_token_id, 0, [cfg.image_token_id, cfg.video_token_id]
+    return [START, IMAGE, END], IMAGE, PAD, [IMAGE, IMAGE + 1]
 
 
 def patch_row_width(model_dir: str) -> int:
@@ -29,7 +40,7 @@ def patch_row_width(model_dir: str) -> int:
     return PatchSpec.from_config(json.loads(cfg_path.read_text()) if cfg_path.exists() else {}).row_width
 
 
-def make_requests(n: int, seed: int, width: int = 1176) -> list[dict]:
+def make_requests(n: int, seed: int, width: int = 1176, marker: tuple[int, ...] = (START, IMAGE, END)) -> list[dict]:
     """n prompts: one image each (16..64 tokens), 8..200 text tokens around it, all different."""
     from mm_infer.media.packed import PackedTensor
 
@@ -41,22 +52,26 @@ def make_requests(n: int, seed: int, width: int = 1176) -> list[dict]:
         before = torch.randint(0, 3000, (int(torch.randint(4, 100, (1,), generator=gen)),), generator=gen).tolist()
         after = torch.randint(0, 3000, (int(torch.randint(4, 100, (1,), generator=gen)),), generator=gen).tolist()
         img = PackedTensor(torch.randn(t * h * w, width, generator=gen), torch.tensor([[t, h, w]]), torch.tensor([1]))
-        out.append({"prompt_token_ids": before + [START, IMAGE, END] + after, "multi_modal_data": {"image": img}})
+        out.append({"prompt_token_ids": before + list(marker) + after, "multi_modal_data": {"image": img}})
     return out
 
 
-def hf_batch(requests: list[dict], expanded: list[list[int]]) -> dict:
-    """Left-padded HF inputs with mm_token_type_ids (without it M-RoPE silently falls back to text positions)."""
+def hf_batch(requests: list[dict], expanded: list[list[int]], image: int = IMAGE, pad: int = PAD,
+             omni: bool = False) -> dict:
+    """Left-padded HF inputs; Qwen's with mm_token_type_ids (without it M-RoPE silently falls back to text
+    positions), Nemotron Omni's with image_grid_hw."""
     width = max(len(ids) for ids in expanded)
-    ids = torch.full((len(expanded), width), PAD, dtype=torch.long)
+    ids = torch.full((len(expanded), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, seq in enumerate(expanded):
         ids[row, width - len(seq):] = torch.tensor(seq)
         mask[row, width - len(seq):] = 1
     images = [r["multi_modal_data"]["image"] for r in requests]
-    return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == IMAGE).long(),
-            "pixel_values": torch.cat([p.pixel_values for p in images]),
-            "image_grid_thw": torch.cat([p.imgs_sizes for p in images])}
+    pixels, grids = torch.cat([p.pixel_values for p in images]), torch.cat([p.imgs_sizes for p in images])
+    if omni:
+        return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels, "image_grid_hw": grids[:, 1:]}
+    return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == image).long(),
+            "pixel_values": pixels, "image_grid_thw": grids}
 
 
 def timed(fn):
@@ -93,11 +108,13 @@ def main() -> None:
 
     llm, startup = timed(lambda: LLM(args.model, cpu_threads=args.threads))
     print(f"mm-infer startup: {startup:.2f} s (LLM() after `import torch`; threads={args.threads})")
-    width = patch_row_width(args.model)
-    requests = make_requests(args.requests, seed=0, width=width)
+    marker, image, pad, suppress = family_ids(args.model)
+    omni = marker == [image]
+    width = 768 if omni else patch_row_width(args.model)  # Omni: image rows are one 16x16 RGB patch
+    requests = make_requests(args.requests, seed=0, width=width, marker=tuple(marker))
     # min_tokens = max_tokens masks EOS exactly like HF's min_new_tokens (ignore_eos would sample it and go on)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, min_tokens=args.max_tokens)
-    warm = make_requests(4, seed=99, width=width)
+    warm = make_requests(4, seed=99, width=width, marker=tuple(marker))
     llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
 
     from transformers import AutoModelForImageTextToText
@@ -105,16 +122,16 @@ def main() -> None:
     hf, hf_startup = timed(lambda: AutoModelForImageTextToText.from_pretrained(args.model, dtype=torch.float32).eval())
     print(f"HF startup: {hf_startup:.2f} s (from_pretrained after importing transformers)")
     expanded = [llm.engine.prepare(r).prompt_token_ids for r in requests]
-    batch = hf_batch(requests, expanded)
+    batch = hf_batch(requests, expanded, image, pad, omni)
     # the engine never samples media pad tokens; tell HF the same so greedy ids are comparable
-    gen_kw = {"do_sample": False, "pad_token_id": PAD, "suppress_tokens": [IMAGE, IMAGE + 1]}
+    gen_kw = {"do_sample": False, "pad_token_id": pad, "suppress_tokens": suppress}
 
     def run_hf():
         with torch.inference_mode():
             return hf.generate(**batch, max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens, **gen_kw)
 
     with torch.inference_mode():
-        hf.generate(**hf_batch(requests[:4], expanded[:4]), max_new_tokens=4, **gen_kw)  # warm-up
+        hf.generate(**hf_batch(requests[:4], expanded[:4], image, pad, omni), max_new_tokens=4, **gen_kw)  # warm-up
         _, hf_ttft = timed(lambda: hf.generate(**batch, max_new_tokens=1, **gen_kw))
     ours_runs, hf_runs = [], []
     def run_ours():
@@ -140,7 +157,7 @@ def main() -> None:
     print(f"greedy sequences identical to HF batched: {same}/{len(outs)}")
     print(f"CPU-time ratio mm-infer / HF: {(ours_tokens / ours_cpu) / (hf_tokens / hf_cpu):.2f}x")
 
-    group = make_requests(args.group_prompts, seed=1, width=width)
+    group = make_requests(args.group_prompts, seed=1, width=width, marker=tuple(marker))
     before = llm.engine.stats()
     sampled = SamplingParams(n=args.samples, temperature=1.0, seed=0, max_tokens=args.max_tokens,
                              min_tokens=args.max_tokens)

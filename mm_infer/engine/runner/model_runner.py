@@ -308,7 +308,7 @@ class ModelRunner:
             segments.append(StateSegment(row, c.start, c.num_tokens, seq.num_prompt_tokens, read, seq.state_slot,
                                          keep))
             row += c.num_tokens
-        return RecurrentBatch(self.states, segments)
+        return RecurrentBatch(self.states, segments, invariant=self.min_rows > 0)
 
     @contextmanager
     def states_frozen(self) -> Iterator[None]:
