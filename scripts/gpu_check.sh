@@ -3,7 +3,7 @@
 # (scripts/gpu/engine_check.py: CPU/CUDA parity, seeded groups, sampler and 7B-shaped decode timings).
 # Usage: bash scripts/gpu_check.sh [OUTDIR]   (default $OUT/gpu_check, else ./out/gpu_check)
 # Exits non-zero at once without CUDA. Timeouts (s): CUDA probe 20, env 10+15, tests 160, bench 80, vision
-# attention 25, engine 155 (+2 s kill grace each): at most 475 s in all. Then TRL's NCCL weight sync (scripts/peers/trl_nccl_check.py): NCCL refuses
+# attention 25, engine 128, hybrid 30 (+2 s kill grace each): at most 480 s in all. Then TRL's NCCL weight sync (scripts/peers/trl_nccl_check.py): NCCL refuses
 # two ranks of one communicator on one GPU, so with a single GPU it prints why and skips in seconds; with 2+ GPUs and
 # TRL_PYTHON (trl 1.16 + a CUDA vLLM) it runs, timeout 400 s (not yet timed on a GPU), outside the 8-minute one-GPU budget.
 set -uo pipefail
@@ -34,8 +34,12 @@ timeout -k 2 25 "$PY" scripts/bench/vision_attention.py --layers 8 2>&1 | tee "$
 vision_rc=${PIPESTATUS[0]}
 
 # the engine check skips its remaining decode sizes after --budget seconds, well inside its timeout
-timeout -k 2 155 "$PY" scripts/gpu/engine_check.py --budget 125 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
+timeout -k 2 128 "$PY" scripts/gpu/engine_check.py --budget 98 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
 engine_rc=${PIPESTATUS[0]}
+
+# the hybrid path: tiny Nemotron Omni greedy on CUDA (Triton Mamba kernels over the state pool) against the CPU
+timeout -k 2 30 "$PY" scripts/gpu/hybrid_check.py --json "$DEST/hybrid.json" 2>&1 | tee "$DEST/hybrid.txt"
+hybrid_rc=${PIPESTATUS[0]}
 
 # TRL's init_communicator + update_model_params into our NCCL server; one GPU: skipped here at once (NCCL would
 # refuse the trainer and the server as two ranks on one device)
@@ -48,5 +52,5 @@ else
   trl_rc=0
 fi
 
-echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc vision rc=$vision_rc engine rc=$engine_rc trl_nccl rc=$trl_rc (logs in $DEST)" | tee "$DEST/summary.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$vision_rc" -eq 0 ] && [ "$engine_rc" -eq 0 ] && [ "$trl_rc" -eq 0 ]
+echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc vision rc=$vision_rc engine rc=$engine_rc hybrid rc=$hybrid_rc trl_nccl rc=$trl_rc (logs in $DEST)" | tee "$DEST/summary.txt"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$vision_rc" -eq 0 ] && [ "$engine_rc" -eq 0 ] && [ "$hybrid_rc" -eq 0 ] && [ "$trl_rc" -eq 0 ]
