@@ -64,6 +64,8 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
                                           states)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.encoder_cache.__contains__)
+        if states is not None and config.batch_invariant:  # the scan's chunks fixed by the sequence's own positions
+            self.scheduler.scan_chunk = self.model.scan_chunk
         self.runner = ModelRunner(self.model, self.runtime.num_kv_blocks, cache.block_size, self.encoder_cache,
                                   self._step_limits(config, device), config.batch_invariant)
         if config.enable_return_routed_experts and self.runner.routing is None:

@@ -44,6 +44,11 @@ class NemotronOmniModel(nn.Module):
         as transformers' _keep_in_fp32_modules_strict keeps them."""
         return [name for name, m in self.named_modules() if isinstance(m, NemotronRouter)]
 
+    @property
+    def scan_chunk(self) -> int:
+        """The Mamba scan's chunk over a prompt (the scheduler keeps chunked prefill on its grid)."""
+        return self.language.cfg.mamba.chunk
+
     def state_pool(self, slots: int) -> StatePool:
         return self.language.state_pool(slots)
 

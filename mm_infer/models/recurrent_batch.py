@@ -25,15 +25,17 @@ class StateSegment:
     read: int | None  # slot to continue from; None: a fresh sequence (zero state)
     write: int  # slot the advanced state goes to
     snapshot: tuple[int, int] | None = None  # (absolute position, slot): the state there is also kept
+    boundary: int = 0  # the prompt's snapshot position: its scan restarts there in every run, cold or hit
 
     def pieces(self) -> list[tuple[int, int, bool, bool]]:
         """(lo, hi, decode, snapshot after) offsets of the runs the mixer takes one at a time: prompt tokens in one
-        chunked scan, split at the snapshot position; generated tokens one by one."""
+        chunked scan, split at the prompt's snapshot boundary; generated tokens one by one."""
         end = self.start + self.length
-        cuts = sorted({self.start, end, min(max(self.prompt_len, self.start), end)}
-                      | ({self.snapshot[0]} if self.snapshot and self.start < self.snapshot[0] < end else set()))
+        cuts = {self.start, end, min(max(self.prompt_len, self.start), end)}
+        cuts |= {at for at in (self.boundary, self.snapshot[0] if self.snapshot else 0) if self.start < at < end}
+        cuts_sorted = sorted(cuts)
         out = []
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
+        for lo, hi in zip(cuts_sorted, cuts_sorted[1:], strict=False):
             if lo >= self.prompt_len:
                 out += [(p - self.start, p + 1 - self.start, True, False) for p in range(lo, hi)]
             else:

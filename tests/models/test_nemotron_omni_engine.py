@@ -227,3 +227,55 @@ def test_the_kernel_path_equals_the_torch_path(monkeypatch):
         for x, y in zip(a.outputs, b.outputs, strict=True):
             assert x.token_ids == y.token_ids
             assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-4
+
+
+def test_batch_invariant_alone_equals_inside_a_mixed_batch():
+    # catches: decode steps batched (a row's reductions seeing the batch), MoE experts not padded, vision items
+    # batched with others. (Budgets that split prompts differently are not covered: attention itself is not
+    # invariant to where a prompt is chunked, for every family; the scan's grid is tested alone below.)
+    prompts = [request(ids, items) for ids, _, items in CASES.values()] + [_image_prompt(11, 50),
+                                                                           request(text_ids(61, 12))]
+    params = [SamplingParams(temperature=0.0, max_tokens=5, logprobs=1) if i % 2 else
+              SamplingParams(temperature=1.0, seed=30 + i, max_tokens=5, logprobs=1) for i in range(len(prompts))]
+    llm = make(batch_invariant=True, enable_prefix_caching=False, encoder_cache_items=1)
+    batched = llm.generate(prompts, params, use_tqdm=False)
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        alone = llm.generate([prompt], p, use_tqdm=False)[0]
+        _same(alone.outputs[0], batched[i].outputs[0])
+
+
+def test_the_scan_split_on_its_grid_equals_the_whole_bit_for_bit():
+    # why the scheduler cuts hybrid prompts on the grid: on it a split prompt equals the whole bit for bit, off it
+    # (where a step's budget ran out) it does not
+    from mm_infer.models.mamba2 import chunked_scan
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(45, 4, 8, generator=g)
+    b, c = torch.randn(45, 4, 16, generator=g), torch.randn(45, 4, 16, generator=g)
+    dt, a = torch.rand(45, 4, generator=g) * 0.5, -torch.rand(4, generator=g)
+    start = torch.randn(4, 8, 16, generator=g)
+    whole, end = chunked_scan(x, dt, a, b, c, start, 8)
+    y1, mid = chunked_scan(x[:16], dt[:16], a, b[:16], c[:16], start, 8)
+    y2, end2 = chunked_scan(x[16:], dt[16:], a, b[16:], c[16:], mid, 8)
+    assert torch.equal(torch.cat([y1, y2]), whole) and torch.equal(end, end2)
+    y1, mid = chunked_scan(x[:13], dt[:13], a, b[:13], c[:13], start, 8)
+    y2, _ = chunked_scan(x[13:], dt[13:], a, b[13:], c[13:], mid, 8)
+    assert not torch.equal(torch.cat([y1, y2]), whole)
+
+
+def test_the_scheduler_cuts_hybrid_prompts_on_the_scan_grid():
+    # catches: a chunk ending where the budget ran out (its scan would differ from the same prompt whole)
+    from mm_infer.engine.scheduling.scheduler import Scheduler
+
+    llm = make(batch_invariant=True)
+    sched: Scheduler = llm.engine.scheduler
+    assert sched.scan_chunk == 8
+    seq = type("S", (), {"num_computed_tokens": 0, "num_prompt_tokens": 70})()  # boundary (70-1)//16*16 = 64
+    assert sched._on_scan_grid(seq, 27) == 24  # 0 + 3 chunks of 8
+    seq.num_computed_tokens = 24
+    assert sched._on_scan_grid(seq, 45) == 40  # ends at the boundary 64, where the scan restarts
+    seq.num_computed_tokens = 64
+    assert sched._on_scan_grid(seq, 3) == 3  # past the boundary: up to the prompt's end as asked (67 < 70: 3)
+    seq.num_computed_tokens = 0
+    assert sched._on_scan_grid(seq, 5) == 5  # less than one grid step: as given, never stalled
+    assert sched._on_scan_grid(seq, 70) == 70  # the whole prompt

@@ -49,6 +49,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.scan_chunk = 0  # hybrid models under batch invariance: prompt chunks end on the scan's own grid
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -139,8 +140,24 @@ class Scheduler:
         """A prompt chunk of at most long_prefill_token_threshold tokens (when set); decode steps are never cut."""
         cap = self.config.long_prefill_token_threshold
         if cap and seq.num_computed_tokens < seq.num_prompt_tokens:
-            return min(n, cap)
-        return n
+            n = min(n, cap)
+        return self._on_scan_grid(seq, n) if self.scan_chunk else n
+
+    def _on_scan_grid(self, seq: Sequence, n: int) -> int:
+        """A hybrid prompt chunk that stops inside the prompt ends where the sequence's own scan chunks end: at its
+        snapshot boundary or a whole number of scan chunks past 0 or past that boundary, so that the scan's numbers
+        never depend on the budget the batch left it (batch invariance). Never less than one grid step's progress
+        when the budget allows none (then the chunk is as given)."""
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+        if end >= seq.num_prompt_tokens or start >= seq.num_prompt_tokens:
+            return n
+        bs = self.block_manager.block_size
+        boundary = (seq.num_prompt_tokens - 1) // bs * bs
+        if start < boundary <= end:
+            return boundary - start
+        base = boundary if start >= boundary else 0
+        aligned = base + (end - base) // self.scan_chunk * self.scan_chunk
+        return aligned - start if aligned > start else n
 
     def _sibling_prefilling(self, seq: Sequence) -> bool:
         """A sibling is still computing prompt blocks that seq could reuse from the prefix cache next step."""
