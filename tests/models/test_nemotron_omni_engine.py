@@ -279,3 +279,25 @@ def test_the_scheduler_cuts_hybrid_prompts_on_the_scan_grid():
     seq.num_computed_tokens = 0
     assert sched._on_scan_grid(seq, 5) == 5  # less than one grid step: as given, never stalled
     assert sched._on_scan_grid(seq, 70) == 70  # the whole prompt
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_and_wake_keep_answers_and_free_the_state_pool(level):
+    # catches: the state pool kept through a sleep (memory not given back), or not restored (a wake that serves
+    # from an empty pool), a snapshot of before the sleep restored after it
+    llm = make()
+    prompt = _image_prompt(6, 30)
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0)
+    before = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
+    llm.sleep(level)
+    assert all(t.numel() == 0 for t in llm.engine.runner.states.conv.values())
+    assert llm.engine.stats()["state_snapshots_held"] == 0
+    if level == 2:
+        llm.wake_up(["weights"])
+        llm.update_weights_from_disk(str(OMNI))
+        llm.wake_up(["kv_cache"])
+    else:
+        llm.wake_up()
+    after = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
+    assert after.token_ids == before.token_ids
+    assert max(abs(x - y) for x, y in zip(after.logprobs, before.logprobs, strict=True)) <= 1e-6
