@@ -35,8 +35,8 @@ class OmniText:
     @staticmethod
     def of(tokenizer: Any) -> OmniText:
         """Our Tokenizer (tokenizers backend) or an HF tokenizer."""
-        backend = getattr(tokenizer, "backend", None)
-        table = (backend.get_added_tokens_decoder() if backend is not None
+        backend = getattr(tokenizer, "backend", None)  # transformers 5's tokenizers name theirs: a str
+        table = (backend.get_added_tokens_decoder() if hasattr(backend, "get_added_tokens_decoder")
                  else getattr(tokenizer, "added_tokens_decoder", {}))
         return OmniText(lambda s: list(tokenizer.encode(s, add_special_tokens=False)),
                         lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=False)),

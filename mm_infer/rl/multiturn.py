@@ -8,13 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.sampling.params import SamplingParams
-from mm_infer.media.packed import PackedTensor
 from mm_infer.prompt.chat_prompt import CarriedTurn, ChatPrompt, chat_token_ids
-from mm_infer.prompt.request import MediaItem, VLMRequest
+from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.request import VLMRequest
 from mm_infer.rl.rollout import RewardFn, RolloutAbortedError, RolloutRow, run_to_completion
 
 # (row, turn index, assistant text so far in this sample) -> the next user message text, or None to stop.
@@ -58,21 +56,12 @@ class Trajectory:
         return [lp for turn in self.turns for lp in turn.logprobs]
 
 
-def _packed(items: Sequence[MediaItem], modality: str) -> PackedTensor | None:
-    chosen = [it for it in items if it.modality == modality]
-    if not chosen:
-        return None
-    frames = torch.tensor([it.grid_thw[0] * (2 if modality == "video" else 1) for it in chosen])
-    return PackedTensor.concat([it.media for it in chosen]).with_hashes([it.content_hash for it in chosen], frames)
-
-
-def _continuation(first: VLMRequest, ids: list[int], seconds: list[float]) -> dict[str, Any]:
-    """A prompt dict for the next turn: exact ids (media already expanded) and the group's processed media."""
-    media = {k: v for k, v in (("image", _packed(first.items, "image")), ("video", _packed(first.items, "video")))
-             if v is not None}
-    kwargs = {"second_per_grid_ts": seconds} if "video" in media else {}
-    return {"prompt_token_ids": ids, "multi_modal_data": media, "media_tokens_preexpanded": True,
-            "mm_processor_kwargs": kwargs}
+def _continuation(first: VLMRequest, ids: list[int]) -> PromptInput:
+    """The next turn's prompt: exact ids (media already expanded) and the first turn's own media items, so each
+    keeps what its expansion was made from (frame count and times, second_per_grid_t, content hash)."""
+    return PromptInput(token_ids=ids, images=[it for it in first.items if it.modality == "image"],
+                       videos=[it for it in first.items if it.modality == "video"], media_tokens_preexpanded=True,
+                       cache_salt=first.cache_salt)
 
 
 def _next_prompt(engine: LLMEngine, traj: Trajectory, user_text: str) -> list[int]:
@@ -90,7 +79,6 @@ def generate_multiturn(engine: LLMEngine, rows: Sequence[RolloutRow], next_user:
         if "messages" not in row.prompt:
             raise ValueError("multi-turn rollouts need chat prompts (a 'messages' key)")
     firsts = [engine.prepare(row.prompt) for row in rows]
-    seconds = [[it.second_per_grid_t or 1.0 for it in req.items if it.modality == "video"] for req in firsts]
     trajs = [[Trajectory([dict(m) for m in row.prompt["messages"]]) for _ in range(params.n)] for row in rows]
     pending: dict[str, tuple[int, int, VLMRequest]] = {f"mt-{next(_ids)}": (r, -1, req)
                                                        for r, req in enumerate(firsts)}
@@ -106,7 +94,7 @@ def generate_multiturn(engine: LLMEngine, rows: Sequence[RolloutRow], next_user:
                 user = next_user(rows[r], turn, c.text) if turn + 1 < max_turns else None
                 if user is not None:
                     ids = _next_prompt(engine, traj, user)
-                    cont = engine.prepare(_continuation(firsts[r], ids, seconds[r]))
+                    cont = engine.prepare(_continuation(firsts[r], ids))
                     pending[f"mt-{next(_ids)}"] = (r, k if s < 0 else s, cont)
         if not pending:
             break

@@ -1,4 +1,5 @@
-"""Trainer-side helpers: a rollout sample as HF Qwen2-VL inputs, and rollout/trainer logprob agreement."""
+"""Trainer-side helpers: a rollout sample as HF inputs (Qwen2-VL family or Nemotron Omni), and rollout/trainer
+logprob agreement."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mm_infer.prompt.request import VLMRequest
+from mm_infer.models.config import ModelConfig
+from mm_infer.prompt.request import MediaItem, VLMRequest
 
 MM_TYPE = {"image": 1, "video": 2}
 
@@ -36,6 +38,53 @@ def hf_inputs(request: VLMRequest, completion: Sequence[int], *, image_pad_id: i
     if second_per_grid_ts and videos:
         kw["second_per_grid_ts"] = torch.tensor([it.second_per_grid_t for it in videos])
     return kw
+
+
+def omni_hf_inputs(request: VLMRequest, completion: Sequence[int], *, patch_size: int = 16,
+                   temporal_patch_size: int = 2) -> dict[str, Any]:
+    """Keyword arguments for HF's `NemotronH_Omni_Reasoning_V3ForConditionalGeneration.forward` on prompt +
+    completion (batch of 1): images as `pixel_values` rows + `image_grid_hw`, videos as `pixel_values_videos`
+    [num_videos, tubelets, T*C, H, W]. No M-RoPE and no token types: the LM takes plain positions.
+
+    HF scatters image and video features alike into every `<image>` token of the prompt and checks the count per
+    modality, so one forward takes images or videos, not both; HF also stacks videos, so they must share a shape."""
+    ids = torch.tensor(request.prompt_token_ids + list(completion), dtype=torch.long)  # [L]
+    kw: dict[str, Any] = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None]}
+    images = [it for it in request.items if it.modality == "image"]
+    videos = [it for it in request.items if it.modality == "video"]
+    if images and videos:
+        raise ValueError("Nemotron Omni: HF's forward cannot take images and videos together (it scatters both into "
+                         "the shared <image> token and checks each modality's count against all of them); "
+                         "give the trainer one modality per sample")
+    if images:
+        kw["pixel_values"] = torch.cat([it.pixel_values for it in images])  # [P, C*p*p]
+        kw["image_grid_hw"] = torch.tensor([it.grid_thw[1:] for it in images])  # [M, 2]
+    if videos:
+        if len({it.grid_thw for it in videos}) > 1:
+            raise ValueError(f"Nemotron Omni: HF stacks the videos of one forward, so they must share one grid; got "
+                             f"{[it.grid_thw for it in videos]}")
+        kw["pixel_values_videos"] = torch.stack([_tubelets(it, patch_size, temporal_patch_size) for it in videos])
+    return kw
+
+
+def _tubelets(item: MediaItem, patch: int, temporal: int) -> Tensor:
+    """A video's rows [n*gh*gw, T*C*p*p] (row layout (t*C + c, py, px)) -> HF's tubelets [n, T*C, gh*p, gw*p]."""
+    n, gh, gw = item.grid_thw
+    rows = item.pixel_values
+    ch = rows.shape[1] // patch**2
+    if ch * patch**2 != rows.shape[1] or ch % temporal:
+        raise ValueError(f"video rows of width {rows.shape[1]} are not T*C*{patch}*{patch} with T={temporal}")
+    x = rows.reshape(n, gh, gw, ch, patch, patch).permute(0, 3, 1, 4, 2, 5)  # [n, T*C, gh, p, gw, p]
+    return x.reshape(n, ch, gh * patch, gw * patch)
+
+
+def trainer_hf_inputs(config: ModelConfig, request: VLMRequest, completion: Sequence[int]) -> dict[str, Any]:
+    """HF forward kwargs for this checkpoint's family (config: `mm_infer.models.config.load_config(model_dir)`)."""
+    if config.kind == "nemotron_h_omni":
+        return omni_hf_inputs(request, completion, patch_size=config.vision.patch_size,
+                              temporal_patch_size=config.vision.temporal_patch_size)
+    return hf_inputs(request, completion, image_pad_id=config.image_token_id, video_pad_id=config.video_token_id,
+                     second_per_grid_ts=config.kind == "qwen2_5_vl")
 
 
 def completion_logprobs(logits: Tensor, token_ids: Sequence[int]) -> Tensor:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from servers.hf_reference.prompt import Prompt
+from servers.hf_reference.prompt import BadRequest, Prompt
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def eos_ids(model_dir: Path, config: Any) -> list[int]:
 
 
 class HFModel:
-    """AutoModelForImageTextToText in float32 on CPU; one request at a time."""
+    """AutoModelForImageTextToText (Qwen2-VL family or Nemotron Omni) in float32 on CPU; one request at a time."""
 
     def __init__(self, model_dir: str | Path) -> None:
         from transformers import AutoModelForImageTextToText
@@ -51,6 +51,8 @@ class HFModel:
         self.eos = eos_ids(Path(model_dir), self.config)
 
     def inputs(self, prompt: Prompt) -> dict[str, Any]:
+        if self.config.model_type == "nemotron_h_omni":
+            return self._omni_inputs(prompt)
         ids = torch.tensor([prompt.token_ids])  # [1, L]
         types = torch.zeros_like(ids)
         types[ids == self.config.image_token_id] = 1
@@ -63,6 +65,20 @@ class HFModel:
             if self.config.model_type == "qwen2_5_vl" and prompt.second_per_grid_ts:
                 kw["second_per_grid_ts"] = torch.tensor(prompt.second_per_grid_ts)
         return kw
+
+    def _omni_inputs(self, prompt: Prompt) -> dict[str, Any]:
+        """Nemotron Omni: image rows + image_grid_hw, or video tubelets (one modality per request: HF's forward
+        scatters both into the shared <image> token)."""
+        from mm_infer.rl.trainer_inputs import omni_hf_inputs
+
+        if prompt.request is None:
+            raise ValueError("a Nemotron Omni prompt needs its prepared request")
+        vision = self.config.vision_config
+        try:
+            return omni_hf_inputs(prompt.request, [], patch_size=int(vision.patch_size),
+                                  temporal_patch_size=int(self.config.video_temporal_patch_size))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
 
     @torch.inference_mode()
     def generate(self, prompt: Prompt, params: GenParams) -> Generated:

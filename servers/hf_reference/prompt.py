@@ -1,4 +1,5 @@
-"""OpenAI chat messages -> expanded prompt ids and media, with the checkpoint's template and mm_infer.media pixels."""
+"""OpenAI chat messages -> expanded prompt ids and media, with the checkpoint's template and mm_infer.media pixels
+(Qwen2-VL family, or Nemotron Omni's <image> / <video> markers expanded as HF's processor does)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 
 from mm_infer.config import MediaConfig
 from mm_infer.media import PackedTensor, preprocess_images, preprocess_videos
+from mm_infer.models.config import load_config
 from mm_infer.prompt import replace_prefix_tokens
 from mm_infer.prompt.inputs import PromptInput
-from mm_infer.prompt.media import media_defaults
+from mm_infer.prompt.media import image_items, media_defaults, video_items
+from mm_infer.prompt.omni_placeholders import OmniTokens
 from mm_infer.prompt.placeholders import PlaceholderIds
-from mm_infer.prompt.preparer import build_request
-from mm_infer.prompt.request import items_from_packed
+from mm_infer.prompt.preparer import build_omni_request, build_request
+from mm_infer.prompt.request import VLMRequest, items_from_packed
 from mm_infer.prompt.templating import flat_token_ids
 
 PARTS = {"image_url": "image", "input_image": "image", "video_url": "video", "input_video": "video"}
@@ -33,6 +36,7 @@ class Prompt:
     images: PackedTensor | None
     videos: PackedTensor | None
     second_per_grid_ts: list[float] | None
+    request: VLMRequest | None = None  # Nemotron Omni: the prepared request (its items carry the pixel rows)
 
 
 def _url(part: dict[str, Any]) -> str:
@@ -70,6 +74,13 @@ class PromptBuilder:
     def __init__(self, model_dir: str | Path, tokenizer: Any, config: Any) -> None:
         self.tokenizer = tokenizer
         self.defaults = media_defaults(model_dir, MediaConfig())
+        ours = load_config(model_dir)
+        self.omni = (OmniTokens(ours.image_token_id, ours.video_token_id, ours.vision_start_token_id,
+                                ours.vision_end_token_id) if ours.kind == "nemotron_h_omni" else None)
+        self.temporal_patch = ours.vision.temporal_patch_size
+        if self.omni is not None:
+            self.merge = ours.vision.spatial_merge_size
+            return
         self.ids = PlaceholderIds(config.image_token_id, config.video_token_id, config.vision_start_token_id,
                                   config.vision_end_token_id)
         self.merge = int(config.vision_config.spatial_merge_size)
@@ -115,9 +126,21 @@ class PromptBuilder:
         if carried is not None:
             prefix = self.render(chat[:carried[0] + 1], add_generation_prompt=False)
             ids = replace_prefix_tokens(self.tokenizer, carried[1], prefix, ids)
+        if self.omni is not None:
+            return self._omni(ids, media)
         images, videos, seconds, stamps = self._pixels(media)
         typed = PromptInput(token_ids=ids, images=items_from_packed("image", images) if images else [],
                             videos=items_from_packed("video", videos, seconds, stamps) if videos else [])
         req = build_request(self.tokenizer, self.ids, typed, merge_size=self.merge,
                             tokens_per_second=self.tokens_per_second)
         return Prompt(req.prompt_token_ids, images, videos, seconds or None)
+
+    def _omni(self, ids: list[int], media: list[tuple[str, bytes]]) -> Prompt:
+        """Nemotron Omni: items by the preparer's own media path, markers expanded (or expanded runs checked)."""
+        images = [b for k, b in media if k == "image"]
+        videos = [b for k, b in media if k == "video"]
+        typed = PromptInput(token_ids=ids, images=image_items(images, {}, self.defaults) if images else [],
+                            videos=video_items(videos, {}, self.defaults) if videos else [])
+        req = build_omni_request(self.tokenizer, self.omni, typed, merge_size=self.merge,  # type: ignore[arg-type]
+                                 temporal_patch=self.temporal_patch)
+        return Prompt(req.prompt_token_ids, None, None, None, req)
