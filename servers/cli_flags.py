@@ -117,7 +117,7 @@ def weight_transfer_config(value: str) -> str:
     return backend
 
 
-VIDEO_SAMPLERS = ("hf", "vllm", "qwen", "qwen3")  # mm_infer.media.frame_sampling.SAMPLERS (not imported: torch)
+VIDEO_SAMPLERS = ("hf", "vllm", "qwen", "qwen3", "hf_base")  # mm_infer.media.frame_sampling.SAMPLERS (not imported: torch)
 
 
 def media_io_kwargs(value: str) -> tuple[tuple[str, float | int], ...]:
