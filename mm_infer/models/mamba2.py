@@ -124,6 +124,11 @@ class Mamba2Mixer(nn.Module):
         state.conv = window[:, -(self.d.conv_kernel - 1):]
         return F.silu(out.t())
 
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(conv window [C, K-1], matrix state [H, P, N]) of one sequence."""
+        d = self.d
+        return (d.conv_dim, d.conv_kernel - 1), (d.heads, d.head_dim, d.state)
+
     def forward(self, h: Tensor, state: MambaState, decode: bool = False) -> Tensor:
         """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances."""
         return self.out_proj(self.mix(self.in_proj(h), state, decode))

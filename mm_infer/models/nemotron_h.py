@@ -124,10 +124,13 @@ class NemotronHModel(nn.Module):
     def mamba_layers(self) -> list[int]:
         return [i for i, kind in enumerate(self.cfg.layers) if kind == "mamba"]
 
+    def state_shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        return {i: self.layers[i].mixer.state_shapes() for i in self.mamba_layers}
+
     def state_pool(self, slots: int) -> StatePool:
         """A pool of `slots` recurrent states for every Mamba layer, on the model's device."""
         w = self.embeddings.weight
-        return StatePool(self.mamba_layers, self.cfg.mamba, slots, w.dtype, w.device)
+        return StatePool(self.state_shapes(), slots, w.dtype, w.device)
 
     def forward_hidden(self, embeds: Tensor, ctx: AttentionContext, states: RecurrentBatch) -> Tensor:
         """embeds [N, D] of the batch's sequences (attention through ctx, Mamba state through `states`, whose

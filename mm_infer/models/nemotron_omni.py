@@ -53,7 +53,7 @@ class NemotronOmniModel(nn.Module):
         return self.language.state_pool(slots)
 
     def state_bytes_per_slot(self) -> int:
-        return StatePool.bytes_per_slot(len(self.language.mamba_layers), self.language.cfg.mamba, self.dtype)
+        return StatePool.bytes_per_slot(self.language.state_shapes(), self.dtype)
 
     def capture_routing(self, rows: int) -> RoutingCapture | None:
         return None  # routing replay (R3) is refused for this family at start-up

@@ -4,6 +4,7 @@ the whole forward has succeeded (a failed or rerun step never advances a state t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor
 
 import mm_infer_kernels.dispatch as K
-from mm_infer.models.mamba2 import Mamba2Dims, MambaState
+from mm_infer.models.mamba2 import Mamba2Mixer, MambaState
 
 
 @dataclass(frozen=True)
@@ -46,21 +47,21 @@ class StateSegment:
         return out
 
 
-class StatePool:
-    """Slots of recurrent state for the Mamba layers: conv [S, C, K-1] (model dtype) and ssm [S, H, P, N] float32."""
+StateShapes = dict[int, tuple[tuple[int, ...], tuple[int, ...]]]  # layer -> (conv window, matrix state) shapes
 
-    def __init__(self, layers: Sequence[int], dims: Mamba2Dims, slots: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.slots, self.dims = slots, dims
-        self.conv = {i: torch.zeros(slots, dims.conv_dim, dims.conv_kernel - 1, dtype=dtype, device=device)
-                     for i in layers}
-        self.ssm = {i: torch.zeros(slots, dims.heads, dims.head_dim, dims.state, dtype=torch.float32, device=device)
-                    for i in layers}
+
+class StatePool:
+    """Slots of recurrent state for the recurrent layers (Mamba-2, gated DeltaNet): a conv window per layer in the
+    model dtype, e.g. [S, C, K-1], and a matrix state in float32, e.g. [S, H, P, N] or [S, Hv, Dk, Dv]."""
+
+    def __init__(self, shapes: StateShapes, slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.slots, self.shapes = slots, dict(shapes)
+        self.conv = {i: torch.zeros(slots, *conv, dtype=dtype, device=device) for i, (conv, _) in shapes.items()}
+        self.ssm = {i: torch.zeros(slots, *ssm, dtype=torch.float32, device=device) for i, (_, ssm) in shapes.items()}
 
     @staticmethod
-    def bytes_per_slot(layers: int, dims: Mamba2Dims, dtype: torch.dtype) -> int:
-        conv = dims.conv_dim * (dims.conv_kernel - 1) * dtype.itemsize
-        return layers * (conv + dims.heads * dims.head_dim * dims.state * 4)
+    def bytes_per_slot(shapes: StateShapes, dtype: torch.dtype) -> int:
+        return sum(math.prod(conv) * dtype.itemsize + math.prod(ssm) * 4 for conv, ssm in shapes.values())
 
     def read(self, layer: int, slot: int | None) -> MambaState:
         """A copy of one slot's state (zeros for None): the forward advances it without touching the pool."""
@@ -103,7 +104,7 @@ class RecurrentBatch:
         scan for each segment from its slot (one launch each on the Triton path; piece by piece in torch, the
         chunked scan HF runs); rows outside every segment (padding) mix nothing."""
         zxbcdt = mixer.in_proj(h)  # [N, I + C + H]
-        if K.select_backend(h, self.pool.ssm[layer]) == "triton":
+        if isinstance(mixer, Mamba2Mixer) and K.select_backend(h, self.pool.ssm[layer]) == "triton":
             return mixer.out_proj(self._mix_kernels(layer, mixer, zxbcdt))
         mixed = h.new_zeros(h.shape[0], mixer.d.inner)  # [N, I]
         # decode steps all at once; under batch invariance one by one (a row's reductions would see the batch size)
