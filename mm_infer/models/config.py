@@ -12,6 +12,7 @@ from mm_infer.models.errors import UnknownArchitectureError, UnsupportedConfigEr
 
 if TYPE_CHECKING:
     from mm_infer.models.nemotron_omni_config import OmniConfig
+    from mm_infer.models.qwen35_config import Qwen35Config
 
 ARCHITECTURES = {
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
@@ -103,6 +104,7 @@ class ModelConfig:
     vision_end_token_id: int
     eos_token_id: int | tuple[int, ...] | None
     omni: OmniConfig | None = None  # Nemotron Omni: the hybrid LM, RADIO tower and projector (text/vision summarise)
+    qwen35: Qwen35Config | None = None  # Qwen3.5: the layer pattern and gated DeltaNet dims
 
 
 # transformers 5.24's class defaults for the fields we read, by family (configuration_<family>.py): a nested
@@ -284,6 +286,11 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
             "(model_type nemotron_h_omni, one dynamic-resolution grid per image) and load that")
     if any(a in omni.ARCHITECTURES for a in archs) or (not archs and raw.get("model_type") == "nemotron_h_omni"):
         return omni.omni_config(raw)
+    from mm_infer.models import qwen35_config as q35
+
+    kind35 = next((q35.ARCHITECTURES[a] for a in archs if a in q35.ARCHITECTURES), None)
+    if kind35 is not None or (not archs and raw.get("model_type") in q35.ARCHITECTURES.values()):
+        return q35.qwen35_config(raw, kind35 or raw["model_type"])
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:
         by_type = {v: k for k, v in ARCHITECTURES.items()}

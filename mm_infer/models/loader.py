@@ -34,9 +34,12 @@ RENAMES = ((re.compile(r"^(visual\.blocks\.\d+\.mlp)\.linear_fc([12])\."), r"\1.
            (re.compile(_MERGERS + r"linear_fc2\."), r"\1.mlp.2."))
 
 
-# HF projection name -> (our fused module, part index)
+# HF projection name -> (our fused module, part index); in_proj_*: Qwen3.5's gated DeltaNet projections
 FUSED_PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1), "in_proj_qkv": ("in_proj", 0),
+               "in_proj_z": ("in_proj", 1), "in_proj_b": ("in_proj", 2), "in_proj_a": ("in_proj", 3)}
+# one expert's tensor (Qwen3.5-MoE's hub layout) -> a part of the stacked parameter (Experts.part_view)
+EXPERT = re.compile(r"^(language\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 def hf_target(name: str) -> tuple[str, int | None] | None:
@@ -44,6 +47,11 @@ def hf_target(name: str) -> tuple[str, int | None] | None:
     internal = _hf_name(name)
     if internal is None:
         return None
+    if m := EXPERT.match(internal):
+        expert, proj = int(m.group(2)), m.group(3)
+        if proj == "down_proj":
+            return f"{m.group(1)}.down_proj", expert
+        return f"{m.group(1)}.gate_up_proj", 2 * expert + (proj == "up_proj")
     module_path, _, leaf = internal.rpartition(".")
     parent, _, module = module_path.rpartition(".")
     if module in FUSED_PARTS:
@@ -63,13 +71,22 @@ def target_view(model: torch.nn.Module, params: Mapping[str, Tensor], name: str,
     param = params[name]
     if part is None:
         return param
-    start, rows = model.get_submodule(name.rpartition(".")[0]).part_rows(part)
+    module_path, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_path)
+    if hasattr(module, "part_view"):
+        return module.part_view(leaf, param, part)
+    start, rows = module.part_rows(part)
     return param.narrow(0, start, rows)
 
 
+def _part_count(model: torch.nn.Module, name: str) -> int:
+    module_path, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_path)
+    return module.part_count(leaf) if hasattr(module, "part_count") else len(module.part_sizes)
+
+
 def _fused_complete(model: torch.nn.Module, parts: Mapping[str, Mapping[int, Tensor | None]]) -> set[str]:
-    return {name for name, got in parts.items()
-            if len(got) == len(model.get_submodule(name.rpartition(".")[0]).part_sizes)}
+    return {name for name, got in parts.items() if len(got) == _part_count(model, name)}
 
 
 def _hf_name(name: str) -> str | None:
@@ -169,9 +186,10 @@ def _fill_fused(model: QwenVLModel, params: Mapping[str, Tensor],
                 parts: Mapping[str, Mapping[int, Tensor | None]]) -> None:
     """Each fused parameter shares its parts' storage when they lie back to back in part order, else copies them."""
     for name, got in parts.items():
-        sizes = model.get_submodule(name.rpartition(".")[0]).part_sizes
+        count = _part_count(model, name)
         param = params[name]
-        span = adjacent_span([got[i] for i in range(len(sizes))]) if len(got) == len(sizes) else None
+        whole = len(got) == count and not hasattr(model.get_submodule(name.rpartition(".")[0]), "part_view")
+        span = adjacent_span([got[i] for i in range(count)]) if whole else None
         if span is not None and _adoptable(span, param):
             param.data = span
             continue
@@ -192,13 +210,13 @@ def _missing_names(model: torch.nn.Module, unfilled: set[str],
     for name in sorted(unfilled):
         module_path, _, leaf = name.rpartition(".")
         parent, _, module = module_path.rpartition(".")
-        sizes = getattr(model.get_submodule(module_path), "part_sizes", None)
-        if sizes is None:
+        owner = model.get_submodule(module_path)
+        if not hasattr(owner, "part_sizes") and not hasattr(owner, "part_count"):
             names.append(name)
             continue
         got = parts.get(name, {})
         names += [f"{parent}.{by_part[(module, i)]}.{leaf}" if (module, i) in by_part else f"{name}[{i}]"
-                  for i in range(len(sizes)) if i not in got]
+                  for i in range(_part_count(model, name)) if i not in got]
     return names
 
 

@@ -50,6 +50,20 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         self.act = activation(act)
 
+    def part_count(self, leaf: str) -> int:
+        """Per-expert tensors a checkpoint stores for this parameter (Qwen3.5's hub layout): gate and up of each
+        expert for gate_up_proj, one per expert for down_proj."""
+        return self.gate_up_proj.shape[0] * (2 if leaf == "gate_up_proj" else 1)
+
+    def part_view(self, leaf: str, param: Tensor, part: int) -> Tensor:
+        """The rows one per-expert tensor fills: part 2e / 2e+1 are expert e's gate / up [I, H]; down_proj's part e
+        is [H, I]."""
+        if leaf == "gate_up_proj":
+            expert, which = divmod(part, 2)
+            rows = param.shape[1] // 2
+            return param[expert, which * rows:(which + 1) * rows]
+        return param[part]
+
     def forward(self, x: Tensor, counts: Tensor) -> Tensor:  # x [M, H] grouped by expert -> [M, H]
         gate, up = grouped_linear(x, self.gate_up_proj, counts).chunk(2, dim=-1)  # [M, I] each
         return grouped_linear(self.act(gate) * up, self.down_proj, counts)

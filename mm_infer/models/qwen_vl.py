@@ -1,4 +1,5 @@
-"""Top-level Qwen2-VL / Qwen2.5-VL / Qwen3-VL model: vision tower + merger, M-RoPE LM (DeepStack), LM head."""
+"""Top-level Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 model: vision tower + merger, M-RoPE LM (DeepStack; Qwen3.5's
+hybrid LM with its recurrent state), LM head."""
 
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ class QwenVLModel(nn.Module):
         self.config = config
         self.visual = TOWERS[config.vision.kind](config.vision)
         self.deepstack_layers = len(config.vision.deepstack_visual_indexes)  # 0 before Qwen3-VL
-        self.language = TextModel(config.text)
+        self.language: nn.Module = TextModel(config.text)
+        if config.qwen35 is not None:  # Qwen3.5: gated DeltaNet layers beside full attention
+            from mm_infer.models.qwen35 import Qwen35TextModel, qwen35_target
+
+            self.language = Qwen35TextModel(config)
+            self.tensor_target = qwen35_target  # the loader's name mapping: mtp.* skipped by name
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -53,11 +59,30 @@ class QwenVLModel(nn.Module):
     def device(self) -> torch.device:
         return self.language.embed_tokens.weight.device
 
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Qwen3.5: its DeltaNet layers keep a state per sequence (the engine's state pool)."""
+        return self.config.qwen35 is not None
+
+    @property
+    def scan_chunk(self) -> int:
+        from mm_infer.models.qwen35_config import GDN_CHUNK
+
+        return GDN_CHUNK
+
+    def state_pool(self, slots: int):  # noqa: ANN201 - a StatePool (Qwen3.5 only)
+        return self.language.state_pool(slots)
+
+    def state_bytes_per_slot(self) -> int:
+        from mm_infer.models.recurrent_batch import StatePool
+
+        return StatePool.bytes_per_slot(self.language.state_shapes(), self.dtype)
+
     def capture_routing(self, rows: int) -> RoutingCapture | None:
         """Has every MoE layer write its top-k expert ids for up to `rows` batch rows into one buffer (R3), and
-        returns it; None when the model has no MoE layer."""
+        returns it; None when the model has no MoE layer (or is hybrid: not built for Qwen3.5 yet)."""
         moe = [m for m in self.modules() if isinstance(m, SparseMoE)]
-        if not moe:
+        if not moe or self.has_recurrent_state:
             return None
         cfg = self.config.text.moe
         capture = RoutingCapture(rows, self.config.text.num_layers, cfg.top_k, cfg.num_experts, self.device)
@@ -139,4 +164,8 @@ class QwenVLModel(nn.Module):
                     deep.append(features)  # [L, K, D]
         deepstack = DeepStack(torch.cat(rows), torch.cat(deep, dim=1)) if deep else None
         ctx = ctx if ctx is not None else DenseAttentionContext([input_ids.shape[0]])
+        if self.has_recurrent_state and getattr(ctx, "recurrent", None) is None:  # one sequence from a zero state
+            from mm_infer.models.recurrent_batch import fresh_batch
+
+            ctx.recurrent = fresh_batch(self.state_pool(1), [input_ids.shape[0]])  # type: ignore[attr-defined]
         return self.compute_logits(self.forward_hidden(embeds, positions, ctx, deepstack))

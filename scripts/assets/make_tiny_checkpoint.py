@@ -13,6 +13,8 @@ Presets:
   tiny-qwen3-vl-moe  Qwen3VLMoeForConditionalGeneration: 8 experts top-2 (fused hub layout), layer 1 dense
   tiny-nemotron-omni  NemotronH_Omni_Reasoning_V3: Mamba-2 / attention / MoE / MLP layers, RADIO vision
                    (tiny_nemotron_omni.py), released tensor names and config keys, MTP tensors to skip
+  tiny-qwen3.5, tiny-qwen3.5-moe  Qwen3_5(Moe)ForConditionalGeneration: 3 gated-DeltaNet layers + 1 gated
+                   full-attention layer; MoE 8 experts top-2 + shared expert; per-expert tensors, MTP to skip
   qwen2-vl-2b      real Qwen2-VL-2B dimensions (1536 hidden, 28 layers, 675M-param vision tower, vocab
                    151936 of which the tiny tokenizer uses 3008), random weights, bfloat16 on disk
                    (~4.4 GB, ~2 min and ~6 GB RAM on 2 cores); not committed, for speed/memory experiments.
@@ -35,7 +37,7 @@ from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: `scripts.*` imports as a package
-from scripts.assets import tiny_nemotron_omni, tiny_qwen3  # noqa: E402
+from scripts.assets import tiny_nemotron_omni, tiny_qwen3, tiny_qwen35  # noqa: E402
 from scripts.assets.tiny_chat_template import CHAT_TEMPLATE  # noqa: E402
 
 SPECIAL_TOKENS = [
@@ -68,7 +70,7 @@ PRESETS: dict[str, dict] = {
         vision=dict(depth=32, embed_dim=1280, heads=16, mlp_ratio=4),
         max_pixels=12845056, video_max_pixels=12845056,
     ),
-} | tiny_qwen3.PRESETS | tiny_nemotron_omni.PRESETS
+} | tiny_qwen3.PRESETS | tiny_nemotron_omni.PRESETS | tiny_qwen35.PRESETS
 
 
 def train_tokenizer(files: list[Path], vocab_size: int, specials: list[str] = SPECIAL_TOKENS) -> Tokenizer:
@@ -271,11 +273,31 @@ def write_nemotron_omni(spec: dict, out_dir: Path, seed: int) -> None:
     print(f"wrote {out_dir} ({len(tensors)} tensors, {tokenizer.get_vocab_size()} tokens, {size_mb:.2f} MiB)")
 
 
+def write_qwen35(spec: dict, out_dir: Path, seed: int) -> None:
+    """The Qwen3.5 presets: the Qwen specials and template, Qwen3-VL's processors, weights through HF's model class."""
+    tokenizer = train_tokenizer(corpus_files(), spec["bpe_vocab"])
+    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    config = tiny_qwen35.build_hf_config(spec, tokenizer.get_vocab_size(), ids)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    gen = {"bos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"],
+           "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]]}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    write_tokenizer_files(tokenizer, out_dir)
+    tiny_qwen3.write_processor_files(dict(max_pixels=200704, video_max_pixels=802816), out_dir)
+    tensors = {k: v.contiguous() for k, v in sorted(tiny_qwen35.random_tensors(config, spec, seed).items())}
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    size_mb = (out_dir / "model.safetensors").stat().st_size / 2**20
+    print(f"wrote {out_dir} ({len(tensors)} tensors, {tokenizer.get_vocab_size()} tokens, {size_mb:.2f} MiB)")
+
+
 def write_checkpoint(preset: str, out_dir: Path, seed: int) -> None:
     spec = PRESETS[preset]
     out_dir.mkdir(parents=True, exist_ok=True)
     if spec["model_type"] == "nemotron_h_omni":
         write_nemotron_omni(spec, out_dir, seed)
+        return
+    if spec["model_type"] in ("qwen3_5", "qwen3_5_moe"):
+        write_qwen35(spec, out_dir, seed)
         return
     tokenizer = train_tokenizer(corpus_files(), spec["bpe_vocab"])
     token_ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
@@ -307,7 +329,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     presets = [args.preset] if args.preset else ["tiny-qwen2-vl", "tiny-qwen2.5-vl", *tiny_qwen3.PRESETS,
-                                                 *tiny_nemotron_omni.PRESETS]
+                                                 *tiny_nemotron_omni.PRESETS, *tiny_qwen35.PRESETS]
     if args.out is not None and len(presets) != 1:
         parser.error("--out needs --preset")
     for preset in presets:
