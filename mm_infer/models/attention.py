@@ -48,7 +48,7 @@ def query_tiles(lq: int, rows: int) -> list[tuple[int, int, int]]:
     return tiles
 
 
-def _causal_tile(qh: Tensor, kh: Tensor, vh: Tensor, r0: int, r1: int) -> Tensor:
+def _causal_tile(qh: Tensor, kh: Tensor, vh: Tensor, r0: int, r1: int, min_rows: int = 0) -> Tensor:
     """Query rows [r0, r1) of qh [B, Lq, d] over all of kh/vh [B, Lk, d] (q and k already scaled by sqrt(d^-0.5);
     queries are the last Lq keys) -> [B, r1-r0, d].
 
@@ -57,11 +57,17 @@ def _causal_tile(qh: Tensor, kh: Tensor, vh: Tensor, r0: int, r1: int) -> Tensor
     lq, lk = qh.shape[1], kh.shape[1]
     keep = torch.ones(r1 - r0, lk, dtype=torch.bool, device=qh.device).tril(lk - lq + r0)  # row i: key lk-lq+r0+i
     bias = torch.zeros(r1 - r0, lk, dtype=qh.dtype, device=qh.device).masked_fill_(keep.logical_not_(), float("-inf"))
-    scores = torch.bmm(qh[:, r0:r1], kh.transpose(1, 2)).add_(bias)  # [B, r1-r0, Lk]
-    return torch.bmm(torch.softmax(scores, dim=-1), vh)  # [B, r1-r0, d]
+    q = qh[:, r0:r1]
+    short = min_rows - (r1 - r0)
+    if short > 0:  # batch invariance: a chunk after a prefix hit may have a few rows; zero rows make the GEMMs
+        # min_rows long, where rows do not depend on the row count (the hit then equals a full prefill bit for bit)
+        q = torch.cat([q, q.new_zeros(q.shape[0], short, q.shape[2])], dim=1)
+        bias = torch.cat([bias, bias.new_zeros(short, lk)])
+    scores = torch.bmm(q, kh.transpose(1, 2)).add_(bias)  # [B, max(r1-r0, MIN_TILE_ROWS), Lk]
+    return torch.bmm(torch.softmax(scores, dim=-1), vh)[:, :r1 - r0]  # [B, r1-r0, d]
 
 
-def causal_attention_batch(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def causal_attention_batch(q: Tensor, k: Tensor, v: Tensor, min_rows: int = 0) -> Tensor:
     """Causal GQA attention for n sequences of one shape, whose queries are their last Lq keys, as bmm pairs.
 
     q [n, Lq, Hq, d], k/v [n, Lk, Hkv, d] with Lk >= Lq -> [n, Lq, Hq, d].
@@ -77,7 +83,7 @@ def causal_attention_batch(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     queries run in tiles of query_tile_rows (its own shape decides them, never its batch), each over all Lk keys;
     sequences run in groups that fit. Rows do not depend on the GEMM's row count from MIN_TILE_ROWS up, nor on the
     bmm batch count, so tiled rows equal the untiled ones bit for bit (a test holds it, under the default ATen
-    capability too).
+    capability too). Below MIN_TILE_ROWS they may: `min_rows` (batch invariance) pads a shorter tile with zero rows.
     """
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
@@ -92,14 +98,14 @@ def causal_attention_batch(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     kh = (kh.transpose(1, 2) * root_scale).transpose(1, 2)  # [n*Hq, Lk, d], memory as kh: bmm reads it transposed
     rows = query_tile_rows(hq, lq, lk)
     if rows == lq and n * lq * hq * lk * 4 <= SCORE_TILE_BYTES:
-        out = _causal_tile(qh, kh, vh, 0, lq)  # [n*Hq, Lq, d]
+        out = _causal_tile(qh, kh, vh, 0, lq, min_rows)  # [n*Hq, Lq, d]
     else:
         out = torch.empty_like(qh)  # [n*Hq, Lq, d]
         group = max(SCORE_TILE_BYTES // (rows * hq * lk * 4), 1) * hq  # bmm batches (sequence x head) per call
         for b0 in range(0, n * hq, group):
             b = slice(b0, b0 + group)
             for r0, r1, w0 in query_tiles(lq, rows):
-                out[b, w0:r1] = _causal_tile(qh[b], kh[b], vh[b], r0, r1)[:, w0 - r0:]  # [group, r1-w0, d]
+                out[b, w0:r1] = _causal_tile(qh[b], kh[b], vh[b], r0, r1, min_rows)[:, w0 - r0:]  # [group, r1-w0, d]
     return out.view(n, hq, lq, d).transpose(1, 2).to(dtype)
 
 

@@ -71,7 +71,12 @@ class SharedExpertMoE(SparseMoE):
         self.shared_expert_gate = Linear(hidden, 1, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:  # [N, D] -> [N, D]
-        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        # batch invariance: the gate's one column as a per-row float32 dot product (a one-column GEMM's last rows take
+        # another path), and its sigmoid over whole [N, D] rows (the scalar tail of a vectorised [N, 1] loop rounds
+        # differently): a row's numbers never depend on its place in the batch
+        shared = self.shared_expert(x)  # [N, D]
+        gate = (x.float() * self.shared_expert_gate.weight.float()).sum(-1, keepdim=True).to(x.dtype)  # [N, 1]
+        return super().forward(x) + torch.sigmoid(gate.expand_as(shared).contiguous()) * shared
 
 
 class Qwen35Layer(nn.Module):

@@ -237,7 +237,8 @@ class ModelRunner:
             pos[:, plan.generated_rows] = torch.tensor(plan.generated_positions, dtype=torch.long)  # same on t, h, w
         groups = self._decode_groups(plan.singles, plan.single_rows)
         attn = PagedAttentionContext(self.kv, self._to_device(self._slot_mapping(plan, ctx_slots)),
-                                     self._to_device(ctx_slots), plan.spans, groups, self._prefill_tables(plan))
+                                     self._to_device(ctx_slots), plan.spans, groups, self._prefill_tables(plan),
+                                     self.min_rows)
         return self._to_device(input_ids), pos.to(self.device, non_blocking=True), attn
 
     def _embed(self, plan: BatchPlan, input_ids: Tensor) -> tuple[Tensor, DeepStack | None]:

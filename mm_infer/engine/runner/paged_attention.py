@@ -101,8 +101,9 @@ class PagedAttentionContext:
     """
 
     def __init__(self, cache: KVCache, slot_mapping: Tensor, ctx_slots: Tensor, spans: list[SeqSpan],
-                 groups: list[DecodeGroup], prefill: PrefillTables | None = None) -> None:
+                 groups: list[DecodeGroup], prefill: PrefillTables | None = None, min_rows: int = 0) -> None:
         self.cache = cache
+        self.min_rows = min_rows  # batch invariance: prefill tiles padded to this many query rows
         self.prefill = prefill
         self.slot_mapping = slot_mapping  # [N_real] long
         self.ctx_slots = ctx_slots  # [sum ctx_len] long, the chunked sequences' context slots back to back
@@ -138,7 +139,8 @@ class PagedAttentionContext:
             ctx = slice(s.ctx_start, s.ctx_start + count * s.ctx_len)
             q_run = q[rows].view(count, s.q_len, *q.shape[1:])  # [n, Lq, Hq, d]
             k_run, v_run = (x[ctx].view(count, s.ctx_len, *x.shape[1:]) for x in (keys, values))  # [n, Lk, Hkv, d]
-            out[rows] = causal_attention_batch(q_run, k_run, v_run).reshape(count * s.q_len, *q.shape[1:])
+            out[rows] = causal_attention_batch(q_run, k_run, v_run, self.min_rows).reshape(count * s.q_len,
+                                                                                           *q.shape[1:])
 
 
 def span_runs(spans: list[SeqSpan]) -> list[tuple[int, int]]:
