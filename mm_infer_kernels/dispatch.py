@@ -17,6 +17,7 @@ import torch
 from mm_infer_kernels import _triton
 from mm_infer_kernels import fused_patch_embed as _pe
 from mm_infer_kernels import fused_patchify as _pf
+from mm_infer_kernels import gated_delta_segments as _gd
 from mm_infer_kernels import mamba_segments as _ms
 from mm_infer_kernels import paged_decode as _pd
 from mm_infer_kernels import paged_prefill as _pp
@@ -35,7 +36,7 @@ ENV = "MM_INFER_KERNELS"
 __all__ = ["CLIP", "QWEN2_VL", "Normalize", "PatchGeometry", "Layout", "Backend", "select_backend", "pack_frames",
            "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
            "patch_embed_rows", "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge",
-           "merge_units", "interpreting", "paged_decode", "paged_prefill", "mamba_conv", "mamba_scan", "Segments"]
+           "merge_units", "interpreting", "paged_decode", "paged_prefill", "mamba_conv", "mamba_scan", "gated_delta", "Segments"]
 Segments = _ms.Segments
 
 
@@ -168,3 +169,11 @@ def mamba_scan(x: torch.Tensor, dt: torch.Tensor, dt_bias: torch.Tensor, a_log: 
     """The SSD recurrence over every segment from its pool slot -> (y [N, H, P] float32, final states, snapshots)."""
     fn = _ms.scan_triton if select_backend(x, pool) == "triton" else _ms.scan_reference
     return fn(x, dt, dt_bias, a_log, b, c, d, pool, seg, dt_min)
+
+
+def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                pool: torch.Tensor, seg: _ms.Segments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gated delta rule over every segment from its pool slot -> (o [N, H, DV] float32, final states,
+    snapshots)."""
+    fn = _gd.gated_delta_triton if select_backend(q, pool) == "triton" else _gd.gated_delta_reference
+    return fn(q, k, v, g, beta, pool, seg)

@@ -104,8 +104,9 @@ class RecurrentBatch:
         scan for each segment from its slot (one launch each on the Triton path; piece by piece in torch, the
         chunked scan HF runs); rows outside every segment (padding) mix nothing."""
         zxbcdt = mixer.in_proj(h)  # [N, I + C + H]
-        if isinstance(mixer, Mamba2Mixer) and K.select_backend(h, self.pool.ssm[layer]) == "triton":
-            return mixer.out_proj(self._mix_kernels(layer, mixer, zxbcdt))
+        if K.select_backend(h, self.pool.ssm[layer]) == "triton":
+            kernels = self._mix_kernels if isinstance(mixer, Mamba2Mixer) else self._mix_kernels_delta
+            return mixer.out_proj(kernels(layer, mixer, zxbcdt))
         mixed = h.new_zeros(h.shape[0], mixer.d.inner)  # [N, I]
         # decode steps all at once; under batch invariance one by one (a row's reductions would see the batch size)
         steps = [] if self.invariant else [s for s in self.segments if s.length == 1 and s.start >= s.prompt_len]
@@ -152,6 +153,23 @@ class RecurrentBatch:
                                             mixer.D, self.pool.ssm[layer], seg, d.time_step_min)
         self.staged_kernel.append((layer, conv_end, ssm_end, conv_snap, ssm_snap, seg.snap))
         return mixer.norm(y.reshape(n, d.inner).to(zxbcdt.dtype), z)
+
+    def _mix_kernels_delta(self, layer: int, mixer: torch.nn.Module, proj: Tensor) -> Tensor:
+        """mixer.mix for every segment of a gated DeltaNet layer at once: the conv kernel (no bias, SiLU) and the
+        gated delta kernel over the pool (the recurrence token by token, prompt and decode alike) -> [N, nv*dv]."""
+        from mm_infer.models.gated_delta import normed_qk
+
+        d, seg = mixer.d, self._kernel_segments(proj.device)
+        assert d.act == "silu", "the conv kernel applies SiLU"
+        qkv, z, b, a = proj.split(d.parts, dim=-1)
+        conv, conv_end, conv_snap = K.mamba_conv(qkv, mixer.conv1d.weight[:, 0].contiguous(), None,
+                                                 self.pool.conv[layer], seg)
+        q, k, v = mixer._heads(conv)  # [N, nv, dk], [N, nv, dk], [N, nv, dv]
+        q, k = normed_qk(q, k, decode=False)
+        g, beta = mixer._decay(a, torch.nn.functional.softplus), b.float().sigmoid()  # [N, nv] each
+        o, ssm_end, ssm_snap = K.gated_delta(q, k, v, g, beta, self.pool.ssm[layer], seg)
+        self.staged_kernel.append((layer, conv_end, ssm_end, conv_snap, ssm_snap, seg.snap))
+        return mixer.norm(o.reshape(proj.shape[0], d.inner).to(proj.dtype), z)
 
     def commit(self) -> None:
         for layer, slot, state in self.staged:

@@ -82,3 +82,18 @@ def test_preemption_recomputes_the_state(kind):
     stats = tight.engine.stats()
     assert stats["state_live_free"] == stats["state_live_slots"]
     tight.engine.block_manager.check_invariants([])
+
+
+def test_the_kernel_path_equals_the_torch_path(monkeypatch):
+    # the CUDA path's segment kernels (conv + gated delta rule; the Triton interpreter here), a snapshot and its
+    # restore included: catches a kernel state written to the wrong slot or a restore that reads zeros
+    prompt = PROMPTS["long image"]
+    params = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=3, logprobs=0)
+    want = make("qwen3_5").generate([prompt], params, use_tqdm=False)[0]
+    monkeypatch.setenv("MM_INFER_KERNELS", "triton")
+    llm = make("qwen3_5")
+    got = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert llm.engine.stats()["state_restores"] == 1
+    for x, y in zip(want.outputs, got.outputs, strict=True):
+        assert x.token_ids == y.token_ids
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-4
