@@ -36,7 +36,8 @@ ENV = "MM_INFER_KERNELS"
 __all__ = ["CLIP", "QWEN2_VL", "Normalize", "PatchGeometry", "Layout", "Backend", "select_backend", "pack_frames",
            "grid_thw", "patchify", "patchify_packed", "patch_embed", "patch_embed_packed", "vision_rope",
            "patch_embed_rows", "vision_rope_from_grid", "vision_rope_cos_sin", "vision_position_ids", "patch_merge",
-           "merge_units", "interpreting", "paged_decode", "paged_prefill", "mamba_conv", "mamba_scan", "gated_delta", "Segments"]
+           "merge_units", "interpreting", "paged_decode", "paged_prefill", "mamba_conv", "mamba_scan", "gated_delta",
+           "Segments"]
 Segments = _ms.Segments
 
 
