@@ -105,3 +105,13 @@ MIXED = [  # text-only, one image, several images, video, image+video; unequal l
     [60], [8, ("image", 1, 8, 8), 8], [5, ("video", 6, 4, 4), 5], [11, ("image", 1, 6, 6), 17],
     [4, ("image", 1, 14, 10), 4], [3, ("video", 2, 10, 6), 3],
 ]
+
+
+def drain(engine) -> dict:  # noqa: ANN001 - an LLMEngine
+    """Step the engine until nothing is left; the final output of every request that finished."""
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    return finals

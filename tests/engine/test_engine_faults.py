@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 from engine_cases import CKPT
+from engine_cases import drain as _drain
 
 from mm_infer import SamplingParams
 from mm_infer.engine.async_engine import AsyncEngine
@@ -39,15 +40,6 @@ def _fail_when(engine: LLMEngine, bad_id: str, after_tokens: int = 0) -> None:
         return real(chunks)
 
     engine.runner.run = run
-
-
-def _drain(engine: LLMEngine) -> dict:
-    finals = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-    return finals
 
 
 def _solo(engine: LLMEngine, prompt: str) -> list[int]:

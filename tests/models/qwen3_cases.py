@@ -15,6 +15,8 @@ QWEN3 = {
     "qwen3_vl": REPO / "assets" / "models" / "tiny-qwen3-vl",
     "qwen3_vl_moe": REPO / "assets" / "models" / "tiny-qwen3-vl-moe",
 }
+QWEN35 = {"qwen3_5": REPO / "assets" / "models" / "tiny-qwen3.5",
+          "qwen3_5_moe": REPO / "assets" / "models" / "tiny-qwen3.5-moe"}  # Qwen3-VL's processors and positions
 IMAGES, VIDEOS = REPO / "assets" / "media" / "images", REPO / "assets" / "media" / "videos"
 # at most 16 merged tokens per image (32 x 32 pixels each) and a few per video: keeps the engine tests fast
 SMALL_MEDIA = {"max_pixels": 32 * 32 * 16, "video_max_pixels": 32 * 32 * 8 * 4, "fps": 1.0}
@@ -23,14 +25,14 @@ TIMESTAMP_TOKENS = 4  # stand-in length of the "<1.5 seconds>" text the processo
 
 @cache
 def ours(kind: str):
-    return load_model(QWEN3[kind], dtype=torch.float32)
+    return load_model((QWEN3 | QWEN35)[kind], dtype=torch.float32)
 
 
 @cache
 def hf(kind: str) -> torch.nn.Module:
     from transformers import AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText.from_pretrained(QWEN3[kind], dtype=torch.float32).eval()
+    return AutoModelForImageTextToText.from_pretrained((QWEN3 | QWEN35)[kind], dtype=torch.float32).eval()
 
 
 def build_prompt(cfg, parts: list, seed: int = 0) -> Prompt:
@@ -78,6 +80,25 @@ def our_logits(model, cfg, prompt: Prompt, pos: Tensor | None = None) -> Tensor:
 
 def hf_logits(kind: str, cfg, prompt: Prompt) -> Tensor:
     return hf(kind)(**hf_inputs(cfg, prompt)).logits[0]
+
+
+@torch.no_grad()
+def greedy_diff(kind: str, prompt: Prompt) -> float:
+    """HF generate (its cache, rope delta) vs our forward over prompt + generated ids with decode_positions: the
+    greedy ids must be equal; returns the max diff of the step logits."""
+    from mm_infer.prompt.mrope import decode_positions
+
+    model, cfg = ours(kind)
+    out = hf(kind).generate(**hf_inputs(cfg, prompt), max_new_tokens=6, do_sample=False, output_logits=True,
+                            return_dict_in_generate=True, pad_token_id=0)
+    n = prompt.input_ids.numel()
+    new = out.sequences[0, n:]
+    pos, delta = positions(cfg, prompt)
+    prompt.input_ids = torch.cat([prompt.input_ids, new])
+    logits = our_logits(model, cfg, prompt, torch.cat([pos, decode_positions(n, new.numel(), delta)], dim=1))
+    step_logits = logits[n - 1:n - 1 + new.numel()]
+    assert torch.equal(step_logits.argmax(-1), new)
+    return (step_logits - torch.stack([s[0] for s in out.logits])).abs().max().item()
 
 
 def chat_prompt(image: list[str] = (), video: list[str] = (), text: str = "Describe it.") -> dict:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mm_infer import LLM, SamplingParams
+from tests.engine.engine_cases import drain as _drain
 from tests.models.nemotron_omni_cases import OMNI, hf, image_item, image_prompt, media_cases, request, text_ids
 
 CASES = media_cases()
@@ -170,15 +171,6 @@ def test_a_failed_step_advances_no_survivors_state(after_tokens):
     assert finals["bad"].error is not None
     assert finals["good"].outputs[0].token_ids == solo and finals["good"].error is None
     _slots_back(engine)
-
-
-def _drain(engine) -> dict:
-    finals = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-    return finals
 
 
 @torch.no_grad()

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from qwen3_cases import chat_prompt
-from test_qwen35 import QWEN35, hf
+from qwen3_cases import QWEN35, chat_prompt, hf
 
 from mm_infer import LLM, SamplingParams
 from mm_infer.rl import completion_logprobs, hf_inputs
