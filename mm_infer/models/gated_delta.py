@@ -4,6 +4,7 @@ recurrent state handed in and out in the Mamba-2 mixer's protocol (MambaState, m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,23 @@ class GatedDeltaDims:
         return (self.conv_dim, self.inner, self.value_heads, self.value_heads)
 
 
+def silu_rows(x: Tensor) -> Tensor:
+    """silu as x / (1 + e^-x) in float32, rounded once to x's dtype (as torch's half kernels do). torch's CPU kernels
+    finish a run with scalar code whose silu, sigmoid and softplus differ from the vector code's by an ulp, so which
+    values take it depends on the batch; exp, log1p, + and / agree in both, so these forms give a row the same bits
+    wherever the batch puts it."""
+    x32 = x.float()
+    return (x32 / (1 + torch.exp(-x32))).to(x.dtype)
+
+
+def sigmoid_rows(x: Tensor) -> Tensor:
+    return (1 / (1 + torch.exp(-x.float()))).to(x.dtype)
+
+
+def softplus_rows(x: Tensor) -> Tensor:  # torch's threshold: x itself above 20
+    return torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+
+
 def l2norm(x: Tensor) -> Tensor:
     """x [..., d] / sqrt(sum(x²) + eps), HF's formula."""
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
@@ -62,13 +80,14 @@ def normed_qk(q: Tensor, k: Tensor, decode: bool) -> tuple[Tensor, Tensor]:
 
 def chunked_gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
                         chunk: int) -> tuple[Tensor, Tensor]:
-    """The gated delta rule S_t = e^{g_t} S_{t-1} + k_t beta_t (v_t - k_t^T e^{g_t} S_{t-1})^T, o_t = S_t^T q_t over
+    """The gated delta rule S' = e^{g_t} S_{t-1}, S_t = S' + k_t beta_t (v_t - S'^T k_t)^T, o_t = S_t^T q_t over
     one sequence, in chunks of its own positions (HF's UT-transform form). q/k [L, H, dk] (normed, q scaled),
     v [L, H, dv], g/beta [L, H], state [H, dk, dv]; all float32 -> (o [L, H, dv], final state [H, dk, dv])."""
     length, heads = q.shape[:2]
     pad = (-length) % chunk  # k = beta = g = 0 past the end: the state passes through unchanged
-    q, k, v = (F.pad(t.transpose(0, 1), (0, 0, 0, pad)) for t in (q, k, v))  # [H, Lp, d]
-    g, beta = (F.pad(t.t(), (0, pad)) for t in (g, beta))  # [H, Lp]
+    # head-major and contiguous, as HF lays them out: the GEMMs then take HF's kernels and summation order
+    q, k, v = (F.pad(t.transpose(0, 1).contiguous(), (0, 0, 0, pad)) for t in (q, k, v))  # [H, Lp, d]
+    g, beta = (F.pad(t.t().contiguous(), (0, pad)) for t in (g, beta))  # [H, Lp]
     n = q.shape[1] // chunk
     q, k, v = (t.reshape(heads, n, chunk, -1) for t in (q, k, v))  # [H, n, Q, d]
     g, beta = (t.reshape(heads, n, chunk) for t in (g, beta))  # [H, n, Q]
@@ -114,11 +133,12 @@ class NormThenGate(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.dim, self.eps = dim, eps
 
-    def forward(self, y: Tensor, z: Tensor) -> Tensor:  # [N, nv*dv], [N, nv*dv] -> [N, nv*dv]
+    def forward(self, y: Tensor, z: Tensor, silu: Callable[[Tensor], Tensor] = F.silu) -> Tensor:
+        """y, z [N, nv*dv] -> [N, nv*dv]; `silu` the gate's (silu_rows in batched decode)."""
         x = y.view(*y.shape[:-1], -1, self.dim).float()  # [N, nv, dv]
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         x = self.weight * x.to(y.dtype)
-        x = x * F.silu(z.view(x.shape).float())
+        x = x * silu(z.view(x.shape).float())
         return x.to(y.dtype).view(y.shape)
 
 
@@ -134,6 +154,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = NormThenGate(d.value_dim, d.eps)
         self.out_proj = Linear(d.inner, d.hidden, bias=False)
         self.act = activation(d.act)
+        self.act_rows = silu_rows if d.act == "silu" else self.act  # batched decode's (see silu_rows)
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(conv [conv_dim, K-1] in the model dtype, ssm [nv, dk, dv] float32) of one sequence."""
@@ -160,33 +181,33 @@ class GatedDeltaNet(nn.Module):
         state.conv = window[:, window.shape[1] - (d.conv_kernel - 1):]  # [C, K-1]
         q, k, v = self._heads(self.act(qkv.t()))  # [L, nv, dk], [L, nv, dk], [L, nv, dv]
         q, k = normed_qk(q, k, decode=False)
-        g, beta = self._decay_beta(a, b)  # [L, nv] each
+        g = self._decay(a, F.softplus)  # [L, nv]
+        beta = b.contiguous().sigmoid().float()  # [L, nv]; contiguous as HF's, so the same vector/scalar split
         o, state.ssm = chunked_gated_delta(q, k, v, g, beta, state.ssm, d.chunk)  # [L, nv, dv]
         return self.norm(o.reshape(-1, d.inner).to(proj.dtype), z)
 
     def step_batch(self, proj: Tensor, conv: Tensor, ssm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One generated token of each of B sequences, HF's decode path: in_proj rows [B, W], conv windows
         [B, C, K-1], states [B, nv, dk, dv] -> (gated, normed output [B, nv*dv], the new windows, the new states).
-        The conv is the weighted sum over the window; every reduction runs row by row, so a sequence's numbers do
-        not depend on the others in the batch."""
+        The conv is the weighted sum over the window (float32 products); every reduction runs row by row and the
+        activations take the *_rows forms, so a sequence's numbers do not depend on the others in the batch."""
         d, n = self.d, proj.shape[0]
         qkv, z, b, a = proj.split(d.parts, dim=-1)
         window = torch.cat([conv, qkv[:, :, None]], dim=2)  # [B, C, K]
-        qkv = self.act((window * self.conv1d.weight[:, 0]).sum(-1))  # [B, C]
-        q, k, v = self._heads(qkv)  # [B, nv, dk], [B, nv, dk], [B, nv, dv]
+        qkv = (window.float() * self.conv1d.weight[:, 0].float()).sum(-1).to(proj.dtype)  # [B, C]
+        q, k, v = self._heads(self.act_rows(qkv))  # [B, nv, dk], [B, nv, dk], [B, nv, dv]
         q, k = normed_qk(q, k, decode=True)
-        g, beta = self._decay_beta(a, b)  # [B, nv] each
+        g, beta = self._decay(a, softplus_rows), sigmoid_rows(b).float()  # [B, nv] each
         o, ssm = gated_delta_step(q, k, v, g, beta, ssm)  # [B, nv, dv], [B, nv, dk, dv]
-        return self.norm(o.reshape(n, d.inner).to(proj.dtype), z), window[:, :, 1:], ssm
+        return self.norm(o.reshape(n, d.inner).to(proj.dtype), z, silu_rows), window[:, :, 1:], ssm
 
     def _heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The conv's output [N, C] -> float32 q, k [N, nv, dk] (key heads repeated for their value heads), v [N, nv, dv]."""
+        """The conv's output [N, C] -> float32 q, k [N, nv, dk] (key heads repeated per value head), v [N, nv, dv]."""
         d = self.d
         q, k, v = qkv.float().split([d.key_heads * d.key_dim, d.key_heads * d.key_dim, d.inner], dim=-1)
         q, k = (key_heads_for_values(t.unflatten(-1, (d.key_heads, d.key_dim)), d.value_heads) for t in (q, k))
         return q, k, v.unflatten(-1, (d.value_heads, d.value_dim))
 
-    def _decay_beta(self, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-        """a, b [N, nv] -> float32 log decay g = -e^{A_log} softplus(a + dt_bias) (no clamp) and beta = sigmoid(b)."""
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [N, nv]
-        return g, b.sigmoid().float()
+    def _decay(self, a: Tensor, softplus: Callable[[Tensor], Tensor]) -> Tensor:
+        """a [N, nv] -> the float32 log decay g = -e^{A_log} softplus(a + dt_bias) [N, nv], unclamped."""
+        return -self.A_log.float().exp() * softplus(a.float() + self.dt_bias.float())
