@@ -9,7 +9,7 @@ import triton.language as tl
 @triton.jit
 def gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pool_ptr, o_ptr, state_out_ptr, snap_out_ptr,
                        starts_ptr, lens_ptr, read_ptr, snap_ptr, H, DK, DV,
-                       BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+                       BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SNAPS: tl.constexpr):
     """One program per (segment, value head, dv block): the gated delta rule over the segment's tokens in order,
     float32. q/k [N, H, DK] (normed, q scaled), v/o [N, H, DV], g/beta [N, H]; the state [DK, DV] starts from pool
     slot read_ptr[s] (-1: zeros), ends in state_out [S, H, DK, DV] and, after snap_ptr[s] > 0 tokens, in snap_out.
@@ -23,7 +23,6 @@ def gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pool_ptr, o_ptr, st
     row0 = tl.load(starts_ptr + s)
     length = tl.load(lens_ptr + s)
     slot = tl.load(read_ptr + s)
-    snap = tl.load(snap_ptr + s)
     st_off = h * DK * DV + i[:, None] * DV + j[None, :]
     has_state = tl.zeros([BLOCK_K, BLOCK_V], tl.int32) + (slot >= 0).to(tl.int32) > 0  # the interpreter's masks
     state = tl.load(pool_ptr + tl.maximum(slot, 0).to(tl.int64) * H * DK * DV + st_off, mask=smask & has_state,
@@ -41,6 +40,7 @@ def gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pool_ptr, o_ptr, st
         state = state + k[:, None] * delta[None, :]
         o = tl.sum(state * q[:, None], axis=0)
         tl.store(o_ptr + row * H * DV + h * DV + j, o, mask=jmask)
-        if t + 1 == snap:
-            tl.store(snap_out_ptr + s * H * DK * DV + st_off, state, mask=smask)
+        for m in tl.static_range(SNAPS):
+            if t + 1 == tl.load(snap_ptr + s * SNAPS + m):
+                tl.store(snap_out_ptr + (s * SNAPS + m) * H * DK * DV + st_off, state, mask=smask)
     tl.store(state_out_ptr + s * H * DK * DV + st_off, state, mask=smask)

@@ -22,10 +22,11 @@ def _conv_input(x_ptr, state_ptr, row0, pos, c, cmask, x_n, st_c, has_state, K: 
 @triton.jit
 def mamba_conv_kernel(x_ptr, w_ptr, b_ptr, pool_ptr, out_ptr, state_out_ptr, snap_out_ptr,
                       starts_ptr, lens_ptr, read_ptr, snap_ptr, x_n, o_n, pool_s, pool_c, so_s, so_c, C,
-                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+                      SNAPS: tl.constexpr):
     """One program per (segment, channel block): causal depthwise conv + SiLU over the segment's rows of x [N, C],
     its window starting from the pool slot read_ptr[s] (-1: zeros); the last K-1 inputs go to state_out [S, C, K-1]
-    and, at snap_ptr[s] > 0 tokens into the segment, to snap_out."""
+    and, at snap_ptr[s, m] > 0 tokens into the segment, to snap_out row s * SNAPS + m."""
     s = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
@@ -45,29 +46,30 @@ def mamba_conv_kernel(x_ptr, w_ptr, b_ptr, pool_ptr, out_ptr, state_out_ptr, sna
         out = acc / (1.0 + tl.exp(-acc))  # SiLU
         tl.store(out_ptr + (row0 + pos)[:, None] * o_n + c[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=(pos < length)[:, None] & cmask[None, :])
-    snap = tl.load(snap_ptr + s)
     for i in tl.static_range(K - 1):
         p = tl.full([1], 0, tl.int32) + length - (K - 1) + i
         last = _conv_input(x_ptr, state_ptr, row0, p, c, cmask, x_n, pool_c, slot >= 0, K)
         tl.store(state_out_ptr + s * so_s + c[None, :] * so_c + i, last.to(state_out_ptr.dtype.element_ty),
                  mask=cmask[None, :])
-        if snap > 0:
-            q = tl.full([1], 0, tl.int32) + snap - (K - 1) + i
-            kept = _conv_input(x_ptr, state_ptr, row0, q, c, cmask, x_n, pool_c, slot >= 0, K)
-            tl.store(snap_out_ptr + s * so_s + c[None, :] * so_c + i, kept.to(snap_out_ptr.dtype.element_ty),
-                     mask=cmask[None, :])
+        for m in tl.static_range(SNAPS):
+            snap = tl.load(snap_ptr + s * SNAPS + m)
+            if snap > 0:
+                q = tl.full([1], 0, tl.int32) + snap - (K - 1) + i
+                kept = _conv_input(x_ptr, state_ptr, row0, q, c, cmask, x_n, pool_c, slot >= 0, K)
+                tl.store(snap_out_ptr + (s * SNAPS + m) * so_s + c[None, :] * so_c + i,
+                         kept.to(snap_out_ptr.dtype.element_ty), mask=cmask[None, :])
 
 
 @triton.jit
 def mamba_scan_kernel(x_ptr, dt_ptr, dt_bias_ptr, a_log_ptr, b_ptr, c_ptr, d_ptr, pool_ptr, y_ptr, state_out_ptr,
                       snap_out_ptr, starts_ptr, lens_ptr, pos0_ptr, prompt_ptr, read_ptr, snap_ptr, dt_min,
                       H, P, NS, PER,
-                      BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, SNAPS: tl.constexpr):
     """One program per (segment, head, P block): the SSD recurrence S = exp(dt a) S + dt x B^T, y = S C + D x over
     the segment's tokens in order, fp32. x/y [N, H, P], dt [N, H] (before softplus and bias), B/C [N, G, NS] (head h
     reads group h // PER); dt clamped from below at dt_min for prompt tokens (positions < prompt_ptr[s]) only, as
     HF's prefill and decode paths do. The state starts from pool slot read_ptr[s] (-1: zeros) and ends in
-    state_out [S, H, P, NS]; at snap_ptr[s] > 0 tokens into the segment it is also written to snap_out."""
+    state_out [S, H, P, NS]; at snap_ptr[s, m] > 0 tokens into the segment it also goes to snap_out row s*SNAPS+m."""
     s = tl.program_id(0)
     h = tl.program_id(1)
     p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -79,7 +81,6 @@ def mamba_scan_kernel(x_ptr, dt_ptr, dt_bias_ptr, a_log_ptr, b_ptr, c_ptr, d_ptr
     pos0 = tl.load(pos0_ptr + s)
     prompt = tl.load(prompt_ptr + s)
     slot = tl.load(read_ptr + s)
-    snap = tl.load(snap_ptr + s)
     st_off = h * P * NS + p[:, None] * NS + n[None, :]
     has_state = tl.zeros([BLOCK_P, BLOCK_N], tl.int32) + (slot >= 0).to(tl.int32) > 0  # the interpreter's masks
     state = tl.load(pool_ptr + tl.maximum(slot, 0).to(tl.int64) * H * P * NS + st_off, mask=smask & has_state,
@@ -100,6 +101,7 @@ def mamba_scan_kernel(x_ptr, dt_ptr, dt_bias_ptr, a_log_ptr, b_ptr, c_ptr, d_ptr
         state = state * tl.exp(dt * a) + (dt * x)[:, None] * bv[None, :]
         y = tl.sum(state * cv[None, :], axis=1) + dskip * x
         tl.store(y_ptr + row * H * P + h * P + p, y, mask=pmask)
-        if t + 1 == snap:
-            tl.store(snap_out_ptr + s * H * P * NS + st_off, state, mask=smask)
+        for m in tl.static_range(SNAPS):
+            if t + 1 == tl.load(snap_ptr + s * SNAPS + m):
+                tl.store(snap_out_ptr + (s * SNAPS + m) * H * P * NS + st_off, state, mask=smask)
     tl.store(state_out_ptr + s * H * P * NS + st_off, state, mask=smask)

@@ -25,26 +25,28 @@ class StateSegment:
     prompt_len: int  # positions >= prompt_len were generated: each takes the decode recurrence, as HF's decode does
     read: int | None  # slot to continue from; None: a fresh sequence (zero state)
     write: int  # slot the advanced state goes to
-    snapshot: tuple[int, int] | None = None  # (absolute position, slot): the state there is also kept
-    boundary: int = 0  # the prompt's snapshot position: its scan restarts there in every run, cold or hit
+    snapshots: tuple[tuple[int, int], ...] = ()  # (absolute position, slot): the state there is also kept
+    boundaries: tuple[int, ...] = ()  # the prompt's state boundaries: its scan restarts there in every run
 
-    def pieces(self) -> list[tuple[int, int, bool, bool]]:
-        """(lo, hi, decode, snapshot after) offsets of the runs the mixer takes one at a time: prompt tokens in one
-        chunked scan, split at the prompt's snapshot boundary; generated tokens one by one."""
+    def pieces(self) -> list[tuple[int, int, bool, int | None]]:
+        """(lo, hi, decode, snapshot slot after it or None) offsets of the runs the mixer takes one at a time: prompt
+        tokens in chunked scans split at the prompt's state boundaries; generated tokens one by one."""
         end = self.start + self.length
         cuts = {self.start, end, min(max(self.prompt_len, self.start), end)}
-        cuts |= {at for at in (self.boundary, self.snapshot[0] if self.snapshot else 0) if self.start < at < end}
-        cuts_sorted = sorted(cuts)
-        out = []
-        for lo, hi in zip(cuts_sorted, cuts_sorted[1:], strict=False):
+        cuts |= {at for at in (*self.boundaries, *(p for p, _ in self.snapshots)) if self.start < at < end}
+        ordered = sorted(cuts)
+        kept = dict(self.snapshots)
+        out: list[tuple[int, int, bool, int | None]] = []
+        for lo, hi in zip(ordered, ordered[1:], strict=False):
             if lo >= self.prompt_len:
-                out += [(p - self.start, p + 1 - self.start, True, False) for p in range(lo, hi)]
+                out += [(p - self.start, p + 1 - self.start, True, kept.get(p + 1)) for p in range(lo, hi)]
             else:
-                out.append((lo - self.start, hi - self.start, False, False))
-        if self.snapshot is not None:
-            at = self.snapshot[0]
-            out = [(lo, hi, dec, snap or hi + self.start == at) for lo, hi, dec, snap in out]
+                out.append((lo - self.start, hi - self.start, False, kept.get(hi)))
         return out
+
+    def snapshot_offsets(self) -> list[int]:
+        """Tokens into the segment after which each snapshot is taken (the kernels' form)."""
+        return [pos - self.start for pos, _ in self.snapshots]
 
 
 StateShapes = dict[int, tuple[tuple[int, ...], tuple[int, ...]]]  # layer -> (conv window, matrix state) shapes
@@ -123,19 +125,16 @@ class RecurrentBatch:
             for lo, hi, decode, snap in seg.pieces():
                 rows = slice(seg.row + lo, seg.row + hi)
                 mixed[rows] = mixer.mix(zxbcdt[rows], state, decode)
-                if snap:
-                    assert seg.snapshot is not None
-                    self.staged.append((layer, seg.snapshot[1], MambaState(state.conv.clone(), state.ssm.clone())))
+                if snap is not None:
+                    self.staged.append((layer, snap, MambaState(state.conv.clone(), state.ssm.clone())))
             self.staged.append((layer, seg.write, state))
         return mixer.out_proj(mixed)
 
     def _kernel_segments(self, device: torch.device) -> K.Segments:
         """The segments as the kernels' device metadata (built once per step)."""
         if self._device_segments is None:
-            rows = [(s.row, s.length, s.start, s.prompt_len, -1 if s.read is None else s.read,
-                     s.snapshot[0] - s.start if s.snapshot is not None and s.start < s.snapshot[0] <= s.start
-                     + s.length else 0) for s in self.segments]
-            self._device_segments = K.Segments.build(rows, device)
+            rows = [(s.row, s.length, s.start, s.prompt_len, -1 if s.read is None else s.read) for s in self.segments]
+            self._device_segments = K.Segments.build(rows, [s.snapshot_offsets() for s in self.segments], device)
         return self._device_segments
 
     def _mix_kernels(self, layer: int, mixer: torch.nn.Module, zxbcdt: Tensor) -> Tensor:
@@ -151,7 +150,7 @@ class RecurrentBatch:
         y, ssm_end, ssm_snap = K.mamba_scan(x.reshape(n, d.heads, d.head_dim), dt, mixer.dt_bias, mixer.A_log,
                                             b.reshape(n, d.groups, d.state), c.reshape(n, d.groups, d.state),
                                             mixer.D, self.pool.ssm[layer], seg, d.time_step_min)
-        self.staged_kernel.append((layer, conv_end, ssm_end, conv_snap, ssm_snap, seg.snap))
+        self.staged_kernel.append((layer, conv_end, ssm_end, conv_snap, ssm_snap, seg.snaps))
         return mixer.norm(y.reshape(n, d.inner).to(zxbcdt.dtype), z)
 
     def _mix_kernels_delta(self, layer: int, mixer: torch.nn.Module, proj: Tensor) -> Tensor:
@@ -168,7 +167,7 @@ class RecurrentBatch:
         q, k = normed_qk(q, k, decode=False)
         g, beta = mixer._decay(a, torch.nn.functional.softplus), b.float().sigmoid()  # [N, nv] each
         o, ssm_end, ssm_snap = K.gated_delta(q, k, v, g, beta, self.pool.ssm[layer], seg)
-        self.staged_kernel.append((layer, conv_end, ssm_end, conv_snap, ssm_snap, seg.snap))
+        self.staged_kernel.append((layer, conv_end, ssm_end, conv_snap, ssm_snap, seg.snaps))
         return mixer.norm(o.reshape(proj.shape[0], d.inner).to(proj.dtype), z)
 
     def commit(self) -> None:
@@ -183,10 +182,10 @@ class RecurrentBatch:
         if self.staged_kernel:
             device = self.staged_kernel[0][1].device
             writes = torch.tensor([s.write for s in self.segments], device=device)
-            kept = [k for k, s in enumerate(self.segments) if s.snapshot is not None and s.start < s.snapshot[0]
-                    <= s.start + s.length]
-            kept_rows = torch.tensor(kept, dtype=torch.long, device=device)
-            kept_slots = torch.tensor([self.segments[k].snapshot[1] for k in kept], device=device)  # type: ignore
+            per = max([len(s.snapshots) for s in self.segments] + [1])  # snapshot rows per segment in the kernels
+            kept = [(k * per + m, slot) for k, s in enumerate(self.segments) for m, (_, slot) in enumerate(s.snapshots)]
+            kept_rows = torch.tensor([r for r, _ in kept], dtype=torch.long, device=device)
+            kept_slots = torch.tensor([slot for _, slot in kept], dtype=torch.long, device=device)
             for layer, conv_end, ssm_end, conv_snap, ssm_snap, _ in self.staged_kernel:
                 self.pool.conv[layer][writes] = conv_end
                 self.pool.ssm[layer][writes] = ssm_end

@@ -14,15 +14,17 @@ from mm_infer.models.recurrent_batch import StateSegment
 from mm_infer.prompt.request import VLMRequest
 
 
-def test_pieces_split_at_the_snapshot_and_take_generated_tokens_one_by_one():
-    # catches: a snapshot kept mid-piece (the state there never exists), generated tokens scanned as a prompt
-    seg = StateSegment(row=0, start=10, length=14, prompt_len=20, read=0, write=0, snapshot=(16, 5))
-    assert seg.pieces() == [(0, 6, False, True), (6, 10, False, False), (10, 11, True, False),
-                            (11, 12, True, False), (12, 13, True, False), (13, 14, True, False)]
-    at_end = StateSegment(0, 0, 32, 40, None, 1, snapshot=(32, 7))
-    assert at_end.pieces() == [(0, 32, False, True)]
+def test_pieces_split_at_boundaries_and_snapshots_and_take_generated_tokens_one_by_one():
+    # catches: a snapshot kept mid-piece (the state there never exists), a boundary not split (a hit resumes where
+    # the cold run did not split), generated tokens scanned as a prompt
+    seg = StateSegment(row=0, start=10, length=14, prompt_len=20, read=0, write=0, snapshots=((16, 5),),
+                       boundaries=(12, 16))
+    assert seg.pieces() == [(0, 2, False, None), (2, 6, False, 5), (6, 10, False, None), (10, 11, True, None),
+                            (11, 12, True, None), (12, 13, True, None), (13, 14, True, None)]
+    at_end = StateSegment(0, 0, 32, 40, None, 1, snapshots=((16, 6), (32, 7)), boundaries=(16, 32))
+    assert at_end.pieces() == [(0, 16, False, 6), (16, 32, False, 7)]
     decode = StateSegment(3, 45, 1, 40, 1, 1)
-    assert decode.pieces() == [(0, 1, True, False)]
+    assert decode.pieces() == [(0, 1, True, None)]
 
 
 def test_slots_are_handed_out_once_and_checked():
@@ -52,7 +54,7 @@ def _computed(bm: BlockManager, seq: Sequence, snapshot_at: int | None) -> None:
     """What a step does to seq: allocate, a snapshot slot for its boundary, compute the prompt, commit."""
     assert bm.allocate(seq, len(seq))
     if snapshot_at is not None:
-        seq.pending_snapshot = (snapshot_at, bm.take_snapshot_slot())
+        seq.pending_snapshots.append((snapshot_at, bm.take_snapshot_slot()))
     seq.num_computed_tokens = len(seq)
     bm.commit(seq)
 
@@ -63,7 +65,7 @@ def test_a_hit_ends_at_a_snapshot_and_the_snapshot_goes_with_the_hash():
     tokens = list(range(13))  # blocks [0..4) [4..8) [8..12), the last token computed again
     first = _seq(tokens)
     _computed(bm, first, snapshot_at=8)  # a snapshot at the end of block 1 only
-    assert bm.blocks[first.block_table[1]].state_slot is not None and first.pending_snapshot is None
+    assert bm.blocks[first.block_table[1]].state_slot is not None and not first.pending_snapshots
     second = _seq(tokens)
     assert bm.match_prefix(second) == 8  # three blocks cached, but the state exists only at 8
     assert second.restore_slot == bm.blocks[first.block_table[1]].state_slot

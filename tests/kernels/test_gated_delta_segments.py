@@ -8,7 +8,8 @@ import torch
 from mm_infer_kernels import gated_delta_segments as gd
 from mm_infer_kernels.mamba_segments import Segments
 
-SEGMENTS = [(0, 9, 0, 9, -1, 5), (9, 4, 6, 12, 1, 0), (13, 1, 20, 12, 0, 0), (14, 3, 0, 3, -1, 3)]
+SEGMENTS = [(0, 9, 0, 9, -1), (9, 4, 6, 12, 1), (13, 1, 20, 12, 0), (14, 3, 0, 3, -1)]
+SNAPS = [[2, 5], [], [], [3]]
 ROWS = 19  # two padding rows
 
 
@@ -26,7 +27,7 @@ def _inputs(device):
 def test_gated_delta_triton_equals_reference(device):
     # catches: a state read from the wrong slot, the decay applied after the update, the snapshot of the wrong token
     v = _inputs(device)
-    seg = Segments.build(SEGMENTS, device)
+    seg = Segments.build(SEGMENTS, SNAPS, device)
     args = (v["q"], v["k"], v["v"], v["g"], v["beta"], v["pool"], seg)
     for a, b in zip(gd.gated_delta_triton(*args), gd.gated_delta_reference(*args), strict=True):
         assert (a - b).abs().max().item() <= 1e-5
@@ -36,7 +37,7 @@ def test_the_reference_is_the_models_chunked_rule():
     from mm_infer.models.gated_delta import chunked_gated_delta
 
     v = _inputs(torch.device("cpu"))
-    seg = Segments.build([(0, 17, 0, 17, -1, 0)], torch.device("cpu"))
+    seg = Segments.build([(0, 17, 0, 17, -1)], [[]], torch.device("cpu"))
     o, final, _ = gd.gated_delta_reference(v["q"], v["k"], v["v"], v["g"], v["beta"], v["pool"], seg)
     want, state = chunked_gated_delta(v["q"][:17], v["k"][:17], v["v"][:17], v["g"][:17], v["beta"][:17],
                                       torch.zeros(4, 16, 24), chunk=8)

@@ -8,10 +8,10 @@ import torch
 
 from mm_infer_kernels import mamba_segments as ms
 
-# (start row, length, first position, prompt length, read slot or -1, snapshot offset or 0): a fresh prompt with a
-# snapshot, a continued chunk, two decode steps, a prompt whose last tokens were generated (recompute), padding after
-SEGMENTS = [(0, 11, 0, 11, -1, 8), (11, 6, 8, 20, 1, 0), (17, 1, 30, 25, 0, 0), (18, 1, 12, 12, 2, 0),
-            (19, 5, 0, 3, -1, 3)]
+# (start row, length, first position, prompt length, read slot or -1) and the snapshot offsets: a fresh prompt with
+# two snapshots, a continued chunk, two decode steps, a prompt whose last tokens were generated (recompute), padding
+SEGMENTS = [(0, 11, 0, 11, -1), (11, 6, 8, 20, 1), (17, 1, 30, 25, 0), (18, 1, 12, 12, 2), (19, 5, 0, 3, -1)]
+SNAPS = [[4, 8], [], [], [], [3]]
 ROWS = 26  # two padding rows
 
 
@@ -29,7 +29,7 @@ def test_conv_triton_equals_reference(device):
     # catches: a window reading the wrong slot or the next segment's rows, the state's order reversed, the
     # snapshot of the wrong offset
     v = _inputs(device)
-    seg = ms.Segments.build(SEGMENTS, device)
+    seg = ms.Segments.build(SEGMENTS, SNAPS, device)
     want = ms.conv_reference(v["x"], v["weight"], v["bias"], v["conv_pool"], seg)
     got = ms.conv_triton(v["x"], v["weight"], v["bias"], v["conv_pool"], seg)
     for a, b in zip(got, want, strict=True):
@@ -41,7 +41,7 @@ def test_scan_triton_equals_reference(device):
     # catches: dt clamped for generated tokens (or not for prompt ones), a head reading another group's B/C,
     # a state started from zero instead of its slot, the snapshot after the wrong token
     v = _inputs(device)
-    seg = ms.Segments.build(SEGMENTS, device)
+    seg = ms.Segments.build(SEGMENTS, SNAPS, device)
     args = (v["xs"], v["dt"], v["dt_bias"], v["a_log"], v["b"], v["c"], v["d"], v["ssm_pool"], seg, 0.05)
     want = ms.scan_reference(*args)
     got = ms.scan_triton(*args)
@@ -56,7 +56,7 @@ def test_scan_reference_equals_the_models_chunked_scan_and_step(clamped):
 
     v = _inputs(torch.device("cpu"))
     length = 11
-    seg = ms.Segments.build([(0, length, 0, length if clamped else 0, -1, 0)], torch.device("cpu"))
+    seg = ms.Segments.build([(0, length, 0, length if clamped else 0, -1)], [[]], torch.device("cpu"))
     y, final, _ = ms.scan_reference(v["xs"], v["dt"], v["dt_bias"], v["a_log"], v["b"], v["c"], v["d"],
                                     v["ssm_pool"], seg, 0.05)
     a = -torch.exp(v["a_log"])

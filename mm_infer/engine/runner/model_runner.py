@@ -304,11 +304,9 @@ class ModelRunner:
         for c in plan.chunks:
             seq = c.seq
             read = None if c.start == 0 else seq.restore_slot if seq.restore_slot is not None else seq.state_slot
-            snap = seq.pending_snapshot
-            keep = snap if snap is not None and c.start < snap[0] <= c.end else None
-            boundary = (seq.num_prompt_tokens - 1) // self.block_size * self.block_size  # scan_boundary's rule
+            keep = tuple(p for p in seq.pending_snapshots if c.start < p[0] <= c.end)
             segments.append(StateSegment(row, c.start, c.num_tokens, seq.num_prompt_tokens, read, seq.state_slot,
-                                         keep, boundary))
+                                         keep, seq.state_boundaries(self.block_size)))
             row += c.num_tokens
         return RecurrentBatch(self.states, segments, invariant=self.min_rows > 0)
 

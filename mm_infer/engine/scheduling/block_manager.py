@@ -135,25 +135,30 @@ class BlockManager:
                     block.hash = h
                     if seq.routing is not None:
                         block.routing = seq.routing.rows(i * self.block_size, (i + 1) * self.block_size)
-                if seq.pending_snapshot is not None and seq.pending_snapshot[0] == (i + 1) * self.block_size:
-                    self._keep_snapshot(seq, self.blocks[self.hash_to_block[h]])
+                for pos, slot in list(seq.pending_snapshots):
+                    if pos == (i + 1) * self.block_size:
+                        self._keep_snapshot(seq, (pos, slot), self.blocks[self.hash_to_block[h]])
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
-        if seq.pending_snapshot is not None and seq.pending_snapshot[0] <= seq.num_computed_tokens:
-            self.drop_pending(seq)  # its boundary is behind and no block took it (a twin had one already)
+        self.drop_pending(seq, up_to=seq.num_computed_tokens)  # behind, and no block took them (a twin had one)
 
-    def _keep_snapshot(self, seq: Sequence, block: Block) -> None:
+    def _keep_snapshot(self, seq: Sequence, pending: tuple[int, int], block: Block) -> None:
         """The state seq's step wrote at this block's end becomes the block's snapshot (unless it has one)."""
-        assert self.states is not None and seq.pending_snapshot is not None
+        assert self.states is not None
         if block.state_slot is None:
-            block.state_slot = seq.pending_snapshot[1]
+            block.state_slot = pending[1]
             self.states.own(block.state_slot, block.block_id)
-            seq.pending_snapshot = None
+            seq.pending_snapshots.remove(pending)
 
-    def drop_pending(self, seq: Sequence) -> None:
-        """Give back the snapshot slot a sequence's chunk was to write, unused."""
-        if seq.pending_snapshot is not None and self.states is not None:
-            self.states.give_snapshot(seq.pending_snapshot[1])
-        seq.pending_snapshot = None
+    def drop_pending(self, seq: Sequence, up_to: int | None = None) -> None:
+        """Give back the snapshot slots a sequence's chunk was to write (those at positions <= up_to), unused."""
+        keep = []
+        for pos, slot in seq.pending_snapshots:
+            if up_to is None or pos <= up_to:
+                if self.states is not None:
+                    self.states.give_snapshot(slot)
+            else:
+                keep.append((pos, slot))
+        seq.pending_snapshots = keep
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks (most recent last, so the prefix is evicted last)."""
@@ -205,6 +210,6 @@ class BlockManager:
         if self.states is not None:
             seqs = list(live)
             self.states.check_invariants([s.state_slot for s in seqs if s.state_slot is not None],
-                                         [s.pending_snapshot[1] for s in seqs if s.pending_snapshot is not None])
+                                         [slot for s in seqs for _, slot in s.pending_snapshots])
         for h, block_id in self.hash_to_block.items():
             assert self.blocks[block_id].hash == h, "hash table points to a block holding other content"

@@ -119,21 +119,23 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
 
     def _with_snapshot(self, chunk: ScheduledChunk) -> ScheduledChunk:
-        """Hybrid models: a chunk that crosses its prompt's last full-block boundary keeps the recurrent state there
-        (seq.pending_snapshot), so that the prompt's other samples and later requests with it can hit the prefix."""
+        """Hybrid models: a chunk that crosses its prompt's state boundaries (the last full block before each media
+        item ends and before the prompt's last token) keeps the recurrent state there (seq.pending_snapshots), so
+        that the prompt's other samples and later requests sharing a prefix hit it."""
         seq, bm = chunk.seq, self.block_manager
         if bm.states is None or not bm.enable_prefix_caching:
             return chunk
         bs = bm.block_size
-        at = (seq.num_prompt_tokens - 1) // bs * bs
-        if seq.pending_snapshot is not None or not chunk.start < at <= chunk.end:
-            return chunk
-        cached = bm.hash_to_block.get(seq.block_hash(at // bs - 1, bs))
-        if cached is not None and bm.blocks[cached].state_slot is not None:
-            return chunk  # this prefix has its snapshot already
-        slot = bm.take_snapshot_slot()
-        if slot is not None:
-            seq.pending_snapshot = (at, slot)
+        pending = {pos for pos, _ in seq.pending_snapshots}
+        for at in seq.state_boundaries(bs):
+            if not chunk.start < at <= chunk.end or at in pending:
+                continue
+            cached = bm.hash_to_block.get(seq.block_hash(at // bs - 1, bs))
+            if cached is not None and bm.blocks[cached].state_slot is not None:
+                continue  # this prefix has its snapshot already
+            slot = bm.take_snapshot_slot()
+            if slot is not None:
+                seq.pending_snapshots.append((at, slot))
         return chunk
 
     def _prefill_cap(self, seq: Sequence, n: int) -> int:
@@ -145,17 +147,17 @@ class Scheduler:
 
     def _on_scan_grid(self, seq: Sequence, n: int) -> int:
         """A hybrid prompt chunk that stops inside the prompt ends where the sequence's own scan chunks end: at its
-        snapshot boundary or a whole number of scan chunks past 0 or past that boundary, so that the scan's numbers
+        state boundary or a whole number of scan chunks past 0 or past the last boundary, so that the scan's numbers
         never depend on the budget the batch left it (batch invariance). Never less than one grid step's progress
         when the budget allows none (then the chunk is as given)."""
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         if end >= seq.num_prompt_tokens or start >= seq.num_prompt_tokens:
             return n
-        bs = self.block_manager.block_size
-        boundary = (seq.num_prompt_tokens - 1) // bs * bs
-        if start < boundary <= end:
-            return boundary - start
-        base = boundary if start >= boundary else 0
+        boundaries = seq.state_boundaries(self.block_manager.block_size)
+        ahead = [b for b in boundaries if start < b <= end]
+        if ahead:
+            return ahead[0] - start
+        base = max([b for b in boundaries if b <= start], default=0)
         aligned = base + (end - base) // self.scan_chunk * self.scan_chunk
         return aligned - start if aligned > start else n
 

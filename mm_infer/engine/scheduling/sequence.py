@@ -98,7 +98,8 @@ class Sequence:
         self.routing: RoutingRows | None = None  # its MoE routing, when the engine returns it (R3)
         self.state_slot: int | None = None  # hybrid models: its live recurrent-state slot while it holds blocks
         self.restore_slot: int | None = None  # a prefix hit's snapshot its first computed chunk continues from
-        self.pending_snapshot: tuple[int, int] | None = None  # (position, slot) its running chunk keeps the state at
+        self.pending_snapshots: list[tuple[int, int]] = []  # (position, slot) its running chunk keeps the state at
+        self._boundaries: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -122,6 +123,19 @@ class Sequence:
         """The matcher that masks the next token: None without a grammar, or while the sample still reasons."""
         m = self._matcher
         return m.masking if isinstance(m, ReasoningGate) else m
+
+    def state_boundaries(self, block_size: int) -> tuple[int, ...]:
+        """Hybrid models: where the prompt's recurrent state is kept for prefix hits, and where every run (cold or
+        hit) restarts its scan: the last full block before each media item ends, and before the prompt's last
+        token, sorted."""
+        if self._boundaries is None:
+            last = (self.num_prompt_tokens - 1) // block_size * block_size
+            ends: dict[int, int] = {}
+            for r in self.group.placeholders:
+                ends[r.item_index] = max(ends.get(r.item_index, 0), r.end)
+            cuts = {end // block_size * block_size for end in ends.values()} | {last}
+            self._boundaries = tuple(sorted(b for b in cuts if 0 < b <= last))
+        return self._boundaries
 
     @property
     def output_token_ids(self) -> list[int]:
