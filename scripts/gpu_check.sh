@@ -3,7 +3,7 @@
 # (scripts/gpu/engine_check.py: CPU/CUDA parity, seeded groups, sampler and 7B-shaped decode timings).
 # Usage: bash scripts/gpu_check.sh [OUTDIR]   (default $OUT/gpu_check, else ./out/gpu_check)
 # Exits non-zero at once without CUDA. Timeouts (s): CUDA probe 20, env 10+15, tests 160, bench 80, vision
-# attention 25, engine 128, hybrid 30 (+2 s kill grace each): at most 480 s in all. Then TRL's NCCL weight sync (scripts/peers/trl_nccl_check.py): NCCL refuses
+# attention 25, engine 118, hybrid 40 (+2 s kill grace each): at most 480 s in all. Then TRL's NCCL weight sync (scripts/peers/trl_nccl_check.py): NCCL refuses
 # two ranks of one communicator on one GPU, so with a single GPU it prints why and skips in seconds; with 2+ GPUs and
 # TRL_PYTHON (trl 1.16 + a CUDA vLLM) it runs, timeout 400 s (not yet timed on a GPU), outside the 8-minute one-GPU budget.
 set -uo pipefail
@@ -34,11 +34,12 @@ timeout -k 2 25 "$PY" scripts/bench/vision_attention.py --layers 8 2>&1 | tee "$
 vision_rc=${PIPESTATUS[0]}
 
 # the engine check skips its remaining decode sizes after --budget seconds, well inside its timeout
-timeout -k 2 128 "$PY" scripts/gpu/engine_check.py --budget 98 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
+timeout -k 2 118 "$PY" scripts/gpu/engine_check.py --budget 88 --json "$DEST/engine.json" 2>&1 | tee "$DEST/engine.txt"
 engine_rc=${PIPESTATUS[0]}
 
-# the hybrid path: tiny Nemotron Omni greedy on CUDA (Triton Mamba kernels over the state pool) against the CPU
-timeout -k 2 30 "$PY" scripts/gpu/hybrid_check.py --json "$DEST/hybrid.json" 2>&1 | tee "$DEST/hybrid.txt"
+# the hybrid path: tiny Nemotron Omni and Qwen3.5-MoE greedy on CUDA (Triton Mamba / delta-rule kernels over the
+# state pool) against the CPU
+timeout -k 2 40 "$PY" scripts/gpu/hybrid_check.py --json "$DEST/hybrid.json" 2>&1 | tee "$DEST/hybrid.txt"
 hybrid_rc=${PIPESTATUS[0]}
 
 # TRL's init_communicator + update_model_params into our NCCL server; one GPU: skipped here at once (NCCL would

@@ -1,6 +1,7 @@
-"""GPU check of the hybrid model path: tiny Nemotron Omni (Mamba-2 / attention / MoE, RADIO) greedy on CUDA float32
-(Triton conv and scan kernels over the state pool) against the CPU torch path, with an n=4 group forking from a
-snapshot. Usage: python scripts/gpu/hybrid_check.py [--json OUT]; last line: the key figures."""
+"""GPU check of the hybrid model path: tiny Nemotron Omni (Mamba-2 / attention / MoE, RADIO) and tiny Qwen3.5-MoE
+(gated DeltaNet) greedy on CUDA float32 (Triton conv, scan and delta-rule kernels over the state pool) against the
+CPU torch path, with an n=4 group forking from a snapshot. Usage: python scripts/gpu/hybrid_check.py [--json OUT];
+last line: the key figures."""
 
 from __future__ import annotations
 
@@ -16,17 +17,30 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
-def run(device: str) -> tuple[list, dict, float]:
+def prompts(model: str) -> tuple[list, object]:
+    """(the greedy prompts, the n=4 group's prompt) of a tiny checkpoint."""
+    if model == "omni":
+        from tests.models.nemotron_omni_cases import image_item, image_prompt, media_cases, request, text_ids
+
+        ids, patches = image_prompt([(4, 6)], seed=8)
+        return ([request(ids, items) for ids, _, items in media_cases().values()],
+                request(ids + text_ids(30, 9), [image_item(patches, (4, 6), "grp")]))
+    from tests.models.qwen3_cases import chat_prompt
+
+    return ([chat_prompt(text="def f(x): return x"), chat_prompt(image=["photo.png"]),
+             chat_prompt(video=["odd7_h264_2fps.mp4"])], chat_prompt(image=["rgba.png"], text="Once upon a time " * 6))
+
+
+def run(model: str, device: str) -> tuple[list, dict, float]:
     """(outputs of the greedy prompts and the n=4 group, the engine's state counters, wall seconds)."""
     from mm_infer import LLM, SamplingParams
-    from tests.models.nemotron_omni_cases import OMNI, image_item, image_prompt, media_cases, request, text_ids
 
-    llm = LLM(str(OMNI), device=device, dtype="float32", num_kv_blocks=256)
-    prompts = [request(ids, items) for ids, _, items in media_cases().values()]
-    ids, patches = image_prompt([(4, 6)], seed=8)
-    group = request(ids + text_ids(30, 9), [image_item(patches, (4, 6), "grp")])
+    path = REPO / "assets" / "models" / ("tiny-nemotron-omni" if model == "omni" else "tiny-qwen3.5-moe")
+    llm = LLM(str(path), device=device, dtype="float32", num_kv_blocks=256)
+    greedy_prompts, group = prompts(model)
+    prompts_ = greedy_prompts
     start = time.perf_counter()
-    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, logprobs=0), use_tqdm=False)
+    greedy = llm.generate(prompts_, SamplingParams(temperature=0.0, max_tokens=16, logprobs=0), use_tqdm=False)
     forked = llm.generate([group], SamplingParams(n=4, temperature=0.0, max_tokens=8, logprobs=0), use_tqdm=False)
     seconds = time.perf_counter() - start
     outs = [o.outputs[0] for o in greedy] + list(forked[0].outputs)
@@ -42,17 +56,22 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("hybrid_check: skipped: no CUDA")
         return
-    cpu, _, cpu_s = run("cpu")
-    gpu, stats, gpu_s = run("cuda")
-    same = sum(a.token_ids == b.token_ids for a, b in zip(cpu, gpu, strict=True))
-    worst = max(abs(x - y) for a, b in zip(cpu, gpu, strict=True) for x, y in zip(a.logprobs, b.logprobs, strict=True))
-    report = {"sequences": len(cpu), "same_ids": same, "max_logprob_diff": worst, "cuda_s": gpu_s, "cpu_s": cpu_s,
-              "state_restores": stats.get("state_restores"), "kernels": "triton" if torch.cuda.is_available() else ""}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-    print(f"hybrid_check: greedy ids CUDA = CPU {same}/{len(cpu)}, max |logprob diff| {worst:.2e}, "
-          f"restores {report['state_restores']}, CUDA {gpu_s:.2f} s, CPU {cpu_s:.2f} s")
-    sys.exit(0 if same == len(cpu) and worst < 1e-3 else 1)
+    reports, ok = {}, True
+    for model in ("omni", "qwen3.5-moe"):
+        cpu, _, cpu_s = run(model, "cpu")
+        gpu, stats, gpu_s = run(model, "cuda")
+        same = sum(a.token_ids == b.token_ids for a, b in zip(cpu, gpu, strict=True))
+        worst = max(abs(x - y) for a, b in zip(cpu, gpu, strict=True)
+                    for x, y in zip(a.logprobs, b.logprobs, strict=True))
+        reports[model] = {"sequences": len(cpu), "same_ids": same, "max_logprob_diff": worst, "cuda_s": gpu_s,
+                          "cpu_s": cpu_s, "state_restores": stats.get("state_restores")}
+        ok &= same == len(cpu) and worst < 1e-3
+        if args.json:
+            args.json.write_text(json.dumps(reports, indent=2))
+    print("hybrid_check: " + "; ".join(
+        f"{m} greedy ids CUDA = CPU {r['same_ids']}/{r['sequences']}, max |logprob diff| {r['max_logprob_diff']:.2e}, "
+        f"restores {r['state_restores']}, CUDA {r['cuda_s']:.2f} s" for m, r in reports.items()))
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
