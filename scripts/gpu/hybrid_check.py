@@ -15,6 +15,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "models"))  # qwen3_cases imports its neighbours as top-level modules
 
 
 def prompts(model: str) -> tuple[list, object]:
@@ -25,7 +26,7 @@ def prompts(model: str) -> tuple[list, object]:
         ids, patches = image_prompt([(4, 6)], seed=8)
         return ([request(ids, items) for ids, _, items in media_cases().values()],
                 request(ids + text_ids(30, 9), [image_item(patches, (4, 6), "grp")]))
-    from tests.models.qwen3_cases import chat_prompt
+    from qwen3_cases import chat_prompt
 
     return ([chat_prompt(text="def f(x): return x"), chat_prompt(image=["photo.png"]),
              chat_prompt(video=["odd7_h264_2fps.mp4"])], chat_prompt(image=["rgba.png"], text="Once upon a time " * 6))
