@@ -139,7 +139,7 @@ def load_state_dict_into(
     private copies of them.
     """
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-    params = dict(model.named_parameters())
+    params = loadable_tensors(model)
     filled: set[str] = set()
     parts: dict[str, dict[int, Tensor | None]] = {}  # fused parameters: parts seen (adopt: their tensors)
     target_of = tensor_target(model)
@@ -226,14 +226,24 @@ def iter_safetensors(model_dir: str | Path) -> Iterable[tuple[str, Tensor]]:
         yield from map_file(path)
 
 
+def loadable_tensors(model: torch.nn.Module) -> dict[str, Tensor]:
+    """What a checkpoint fills: every parameter and every persistent buffer (batch-norm statistics)."""
+    return dict(model.named_parameters()) | dict(model.state_dict(keep_vars=True).items())
+
+
 def materialize(model: torch.nn.Module, dtype: torch.dtype, device: str | torch.device) -> None:
-    """Give every (meta) parameter uninitialised storage; avoids to_empty, whose meta path imports sympy."""
+    """Give every (meta) parameter and buffer uninitialised storage (buffers that are not floating point keep their
+    dtype); avoids to_empty, whose meta path imports sympy."""
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:
                 module._parameters[name] = torch.nn.Parameter(
                     torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False
                 )
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = torch.empty(b.shape, dtype=dtype if b.is_floating_point() else b.dtype,
+                                                    device=device)
 
 
 def _renamed(tensors: Iterable[tuple[str, Tensor]], old: str, new: str) -> Iterator[tuple[str, Tensor]]:

@@ -11,6 +11,7 @@ from mm_infer.models.config import ModelConfig
 from mm_infer.models.nemotron_h import NemotronHModel
 from mm_infer.models.nemotron_moe import NemotronRouter
 from mm_infer.models.nemotron_omni_names import omni_target
+from mm_infer.models.parakeet import OmniAudio
 from mm_infer.models.qwen_vl import scatter_embeddings
 from mm_infer.models.radio import OmniVision
 from mm_infer.models.recurrent_batch import RecurrentBatch, StatePool, fresh_batch
@@ -30,6 +31,7 @@ class NemotronOmniModel(nn.Module):
         self.config = config
         self.language = NemotronHModel(omni.lm)
         self.vision = OmniVision(omni.radio, omni.projector_hidden, omni.lm.hidden, omni.final_norm)
+        self.audio = OmniAudio(omni.audio, omni.lm.hidden) if omni.audio is not None else None
 
     @property
     def dtype(self) -> torch.dtype:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from mm_infer.models.errors import UnsupportedConfigError
 from mm_infer.models.nemotron_h import NemotronHConfig
+from mm_infer.models.parakeet import AudioEncoderConfig
 from mm_infer.models.radio import RadioConfig
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ class OmniConfig:
     video_pruning_rate: float  # EVS; requests with video are refused while it is > 0
     image_start_token_id: int | None
     image_end_token_id: int | None
+    audio: AudioEncoderConfig | None = None  # the Parakeet audio tower and its projector, when audio_config is set
+    audio_token_id: int | None = None
 
 
 def _resolved(raw: dict[str, Any]) -> dict[str, Any]:
@@ -55,10 +58,18 @@ def _radio(v: dict[str, Any], temporal: int) -> RadioConfig:
                        v["num_cls_tokens"] + v["num_registers"], v["layer_norm_eps"], bool(v["qkv_bias"]), 3, temporal)
 
 
+def _audio(raw: dict[str, Any]) -> AudioEncoderConfig | None:
+    """The audio tower's config (HF drops a nested `model_type`), or None without one."""
+    audio = raw.get("audio_config")
+    if audio is None:
+        return None
+    try:
+        return AudioEncoderConfig.from_hf({k: v for k, v in audio.items() if k != "model_type"})
+    except ValueError as exc:
+        raise UnsupportedConfigError(f"nemotron_h_omni audio_config: {exc}") from exc
+
+
 def _refusals(raw: dict[str, Any], text: dict[str, Any]) -> None:
-    if raw.get("audio_config") is not None:
-        raise UnsupportedConfigError("nemotron_h_omni with an audio_config (Parakeet audio tower) is not supported "
-                                     "yet: the checkpoint cannot be loaded exactly without its audio tower")
     if raw.get("downsample_ratio", 0.5) != 0.5:
         raise UnsupportedConfigError(f"downsample_ratio {raw['downsample_ratio']} is not supported (only 0.5, as "
                                      "transformers' token count assumes)")
@@ -86,7 +97,8 @@ def omni_config(raw: dict[str, Any]) -> ModelConfig:
                                      f"hidden_size {radio.hidden}")
     omni = OmniConfig(lm, radio, int(raw.get("projector_hidden_size", 4096)),
                       int(t.get("num_nextn_predict_layers", 0)) > 0, float(raw.get("video_pruning_rate", 0.0)),
-                      raw.get("image_start_token_id"), raw.get("image_end_token_id"))
+                      raw.get("image_start_token_id"), raw.get("image_end_token_id"), _audio(raw),
+                      raw.get("audio_token_id"))
     attn = sum(kind == "attention" for kind in lm.layers)
     text = TextConfig(vocab_size=lm.vocab_size, hidden_size=lm.hidden, intermediate_size=lm.intermediate,
                       num_layers=attn, num_heads=lm.heads, num_kv_heads=lm.kv_heads, rms_norm_eps=lm.eps,

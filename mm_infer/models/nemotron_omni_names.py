@@ -1,11 +1,12 @@
 """Nemotron Omni tensor names -> NemotronOmniModel parameters: the hub's released layout (`language_model.backbone.*`,
-`vision_model.radio_model.model.*`, `mlp1.*`, one tensor per expert, fused qkv) and transformers' own names; the MTP
-head is skipped by name, exactly where transformers skips it."""
+`vision_model.radio_model.model.*`, `mlp1.*`, `sound_encoder.*`, one tensor per expert, fused qkv) and transformers'
+own names; the MTP head and the audio featurizer are skipped by name, exactly where transformers skips them."""
 
 from __future__ import annotations
 
 import re
 
+from mm_infer.models.parakeet import omni_audio_name
 from mm_infer.models.radio import omni_vision_name
 
 MTP = re.compile(r"(^|\.)mtp\.")  # NemotronH's _keys_to_ignore_on_load_unexpected = [r"mtp.*"]
@@ -39,6 +40,9 @@ def omni_target(name: str) -> tuple[str, int | None] | None:
     name = name.removeprefix("model.")
     if MTP.search(name) or DROPPED.match(name):
         return None
+    if name.startswith(("audio_tower.", "embed_audio.", "sound_encoder.", "sound_projection.")):
+        audio = omni_audio_name(name)
+        return None if audio is None else ("audio." + audio, None)
     if name.startswith(("language_model.backbone.", "language_model.model.")):
         return _language("language." + name.split(".", 2)[2])
     if name.startswith("language_model.lm_head."):

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from mm_infer.models.loader import target_view, tensor_fits, tensor_target
+from mm_infer.models.loader import loadable_tensors, target_view, tensor_fits, tensor_target
 
 Bucket = list[tuple[str, Tensor]]
 
@@ -46,7 +46,7 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 def plan_refit(model_dir: str | Path, model: torch.nn.Module) -> list[TensorEntry]:
     """Every tensor to load, after checking names and shapes against `model` without reading any data."""
-    params = dict(model.named_parameters())
+    params = loadable_tensors(model)
     tied = getattr(model, "lm_head", None) is None
     entries: list[TensorEntry] = []
     for path in safetensors_files(model_dir):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mm_infer.models.loader import target_view, tensor_fits, tensor_target
+from mm_infer.models.loader import loadable_tensors, target_view, tensor_fits, tensor_target
 from mm_infer.transfer.collective import BroadcastGroup, join_group
 from mm_infer.transfer.packing import DEFAULT_BUFFER_BYTES, DEFAULT_NUM_BUFFERS, TensorMeta, chunk_plan, unpack
 
@@ -45,7 +45,7 @@ class TransferFailedError(RuntimeError):
 def check_metas(model: torch.nn.Module, metas: Sequence[TensorMeta]) -> None:
     """Every announced name maps to a parameter of `model` with a shape it accepts (ValueError naming the first
     that does not). Dtypes may differ: tensors are converted on load."""
-    params = dict(model.named_parameters())
+    params = loadable_tensors(model)
     tied = getattr(model, "lm_head", None) is None
     for meta in metas:
         target = tensor_target(model)(meta.name)

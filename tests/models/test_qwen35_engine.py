@@ -50,7 +50,8 @@ def test_greedy_equals_hf_generate_and_logprobs_a_teacher_forced_forward(kind):
         assert got.token_ids == want.tolist()
         ref = completion_logprobs(hf(kind)(**hf_inputs(req, got.token_ids, **pads)).logits, got.token_ids)
         worst = max(worst, (torch.tensor(got.logprobs) - ref).abs().max().item())
-    print(f"\n{kind}: greedy ids = HF generate on {len(PROMPTS)} prompts; |logprobs - teacher-forced HF| max {worst:.2e}")
+    print(f"\n{kind}: greedy ids = HF generate on {len(PROMPTS)} prompts; "
+          f"|logprobs - teacher-forced HF| max {worst:.2e}")
     assert worst < 1e-4, worst
 
 
