@@ -38,11 +38,11 @@ def image_prompt() -> dict:
             "multi_modal_data": {"image": [IMAGE]}, "mm_processor_kwargs": {"max_pixels": SMALL}}
 
 
-def ask(base_url: str) -> tuple[list[int], int]:
+def ask(base_url: str, model: str = CKPT.name) -> tuple[list[int], int]:
     """Greedy token ids of the image question over HTTP, and the weight version that produced them."""
     url = f"data:image/jpeg;base64,{base64.b64encode(IMAGE.read_bytes()).decode()}"
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
-    body = {"model": CKPT.name, "messages": [{"role": "user", "content": content}], "max_tokens": N, "min_tokens": N,
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": N, "min_tokens": N,
             "temperature": 0.0, "return_token_ids": True, "mm_processor_kwargs": {"max_pixels": SMALL}}
     r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text

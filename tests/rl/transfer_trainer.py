@@ -1,6 +1,6 @@
 """A trainer process for the weight-transfer tests: perturb the tiny HF model, save it (the oracle), broadcast it.
 
-python transfer_trainer.py BASE_URL OUT_DIR [--die-after N] [--buffer-bytes B] [--seed S]
+python transfer_trainer.py BASE_URL OUT_DIR [--die-after N] [--buffer-bytes B] [--seed S] [--model DIR]
 --die-after N: the process exits abruptly once N packed chunks were broadcast (a broadcast killed halfway)."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ sys.path.insert(0, str(REPO))
 from mm_infer.rl.weight_transfer import WeightTransferClient  # noqa: E402
 
 
-def perturbed_model(seed: int) -> torch.nn.Module:
+def perturbed_model(seed: int, model_dir: Path = CKPT) -> torch.nn.Module:
     """The tiny checkpoint with every floating weight moved by N(0, 0.02) (seeded): different greedy outputs."""
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(str(CKPT), dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
@@ -39,8 +39,9 @@ def main() -> None:
     ap.add_argument("--die-after", type=int, default=None)
     ap.add_argument("--buffer-bytes", type=int, default=1 << 20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", type=Path, default=CKPT)
     args = ap.parse_args()
-    model = perturbed_model(args.seed)
+    model = perturbed_model(args.seed, args.model)
     model.save_pretrained(args.out_dir)
     client = WeightTransferClient(args.base_url, backend="gloo", buffer_bytes=args.buffer_bytes, timeout_s=60)
     world = client.init()
