@@ -56,7 +56,8 @@ def test_greedy_generate_matches_hf(kind, record, name):
     assert record(f"{kind}/generate/{name}", greedy_diff(kind, build_prompt(cfg, PROMPTS[name], seed=5))) <= TOL
 
 
-@pytest.mark.parametrize("ablation", ["plain norm weight", "gate not interleaved", "full rotary", "no shared gate"])
+@pytest.mark.parametrize("ablation", ["plain norm weight", "gate not interleaved", "no output gate", "full rotary",
+                                      "M-RoPE not interleaved", "no shared gate", "chunk decay dropped"])
 @torch.no_grad()
 def test_ablations_move_the_logits(ablation, monkeypatch):
     # the bugs the parity tests above catch, each moving the logits far past TOL
@@ -88,7 +89,41 @@ def test_ablations_move_the_logits(ablation, monkeypatch):
             reps = x.shape[-1] // cos.shape[-1]
             return qwen35.apply_rotary(x, cos.repeat(1, reps), sin.repeat(1, reps))
         monkeypatch.setattr(qwen35.GatedAttention, "_rotate", whole_head)
+    elif ablation == "no output gate":
+        def ungated(self, x, cos, sin, ctx):
+            n = x.shape[0]
+            qg, k, v = self.qkv_proj.forward_parts(x)
+            q = qg.reshape(n, self.heads, 2 * self.head_dim)[..., :self.head_dim]
+            k, v = k.reshape(n, self.kv_heads, self.head_dim), v.reshape(n, self.kv_heads, self.head_dim)
+            q, k = self._rotate(self.q_norm(q), cos, sin), self._rotate(self.k_norm(k), cos, sin)
+            return self.o_proj(ctx.attend(self.kv_index, q, k, v).reshape(n, -1))
+        monkeypatch.setattr(qwen35.GatedAttention, "forward", ungated)
+    elif ablation == "M-RoPE not interleaved":
+        real_cos_sin = qwen35.mrope_cos_sin
+        monkeypatch.setattr(qwen35, "mrope_cos_sin", lambda *a, interleaved=True: real_cos_sin(*a, interleaved=False))
+    elif ablation == "chunk decay dropped":
+        from mm_infer.models import gated_delta
+
+        real_rule = gated_delta.chunked_gated_delta
+        monkeypatch.setattr(gated_delta, "chunked_gated_delta",
+                            lambda q, k, v, g, beta, state, chunk: real_rule(q, k, v, g * 0, beta, state, chunk))
     else:
         monkeypatch.setattr(qwen35.SharedExpertMoE, "forward", lambda self, x: qwen35.SparseMoE.forward(self, x)
                             + self.shared_expert(x))
     assert max_diff(our_logits(model, cfg, prompt), ref) > 100 * TOL
+
+
+@torch.no_grad()
+def test_the_delta_rules_chunk_size_is_only_rounding():
+    # a different chunk size is the same rule (HF's 64 and a short prompt's 8 agree to fp32 rounding): the chunk
+    # grid matters for bit-exact batch invariance (the scheduler's scan grid), never for the values
+    from mm_infer.models.gated_delta import chunked_gated_delta, l2norm
+
+    g = torch.Generator().manual_seed(4)
+    q, k = l2norm(torch.randn(150, 4, 16, generator=g)) * 0.25, l2norm(torch.randn(150, 4, 16, generator=g))
+    v = torch.randn(150, 4, 16, generator=g)
+    gate, beta = -torch.rand(150, 4, generator=g), torch.rand(150, 4, generator=g)
+    start = torch.zeros(4, 16, 16)
+    a, sa = chunked_gated_delta(q, k, v, gate, beta, start, 64)
+    b, sb = chunked_gated_delta(q, k, v, gate, beta, start, 8)
+    assert (a - b).abs().max().item() <= 1e-5 and (sa - sb).abs().max().item() <= 1e-5
