@@ -117,7 +117,8 @@ def weight_transfer_config(value: str) -> str:
     return backend
 
 
-VIDEO_SAMPLERS = ("hf", "vllm", "qwen", "qwen3", "hf_base")  # mm_infer.media.frame_sampling.SAMPLERS (not imported: torch)
+# mm_infer.media.frame_sampling.SAMPLERS (not imported: torch)
+VIDEO_SAMPLERS = ("hf", "vllm", "qwen", "qwen3", "hf_base")
 
 
 def media_io_kwargs(value: str) -> tuple[tuple[str, float | int], ...]:
@@ -165,7 +166,7 @@ def _add_server_flags(srv: argparse.ArgumentParser) -> None:
                      help="default sampling parameters: auto (checkpoint), vllm (none) or a folder")
     srv.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "think"])
     srv.add_argument("--tool-parser", "--tool-call-parser", dest="tool_parser", default=None,
-                     choices=["hermes", "qwen"])
+                     choices=["hermes", "qwen", "qwen3_coder"])
     srv.add_argument("--tool-strict-level", default="auto", choices=["auto", "function", "parameter"],
                      help="tool-call grammar floor (vLLM's): auto holds arguments to a tool's schema only when it is "
                           "strict; function constrains the call envelope for tool_choice auto too; parameter also "

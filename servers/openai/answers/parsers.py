@@ -5,39 +5,11 @@ from __future__ import annotations
 import json
 import uuid
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class ParsedToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text
-
-
-@dataclass
-class Parsed:
-    content: str
-    reasoning_content: str | None = None
-    tool_calls: list[ParsedToolCall] = field(default_factory=list)
-
-
-@dataclass
-class Delta:
-    """What one fed piece of text adds: reasoning text, content text, tool calls completed in it."""
-
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: list[ParsedToolCall] = field(default_factory=list)
-
-
-def _partial_tag(text: str, tags: tuple[str, ...]) -> int:
-    """Length of text's longest suffix that is a proper prefix of a tag (a streamed '<thi' may become one)."""
-    for k in range(min(len(text), max(len(t) for t in tags) - 1), 0, -1):
-        if any(t.startswith(text[-k:]) for t in tags):
-            return k
-    return 0
+from servers.openai.answers.parsed import Delta, Parsed, ParsedToolCall, ToolParser, ToolStream
+from servers.openai.answers.parsed import partial_tag as _partial_tag
+from servers.openai.answers.qwen3_coder_tools import Qwen3CoderToolParser
 
 
 class ThinkStream:
@@ -178,11 +150,11 @@ class HermesToolParser:
 
     start, end = HermesStream.start, HermesStream.end
 
-    def stream(self) -> HermesStream:
+    def stream(self, tools: list[Any] | None = None) -> HermesStream:
         return HermesStream()
 
-    def parse(self, text: str, final: bool = True) -> Parsed:
-        content, calls = self.stream().feed(text, final)
+    def parse(self, text: str, final: bool = True, tools: list[Any] | None = None) -> Parsed:
+        content, calls = self.stream(tools).feed(text, final)
         return Parsed(content, tool_calls=calls)
 
 
@@ -190,7 +162,7 @@ class OutputStream:
     """The server's chain fed incrementally: reasoning first, then tool calls on the content; `parsed()` is all of
     it so far (the same whatever the pieces were)."""
 
-    def __init__(self, think: ThinkStream | None, tools: HermesStream | None) -> None:
+    def __init__(self, think: ThinkStream | None, tools: ToolStream | None) -> None:
         self.think, self.tools = think, tools
         self.reasoning: list[str] = []
         self.content: list[str] = []
@@ -220,7 +192,7 @@ class OutputStream:
 class OutputParser:
     """The server's chain: reasoning first, then tool calls on what remains."""
 
-    def __init__(self, reasoning: ThinkParser | None = None, tools: HermesToolParser | None = None) -> None:
+    def __init__(self, reasoning: ThinkParser | None = None, tools: ToolParser | None = None) -> None:
         self.reasoning = reasoning
         self.tools = tools
 
@@ -228,14 +200,16 @@ class OutputParser:
     def active(self) -> bool:
         return self.reasoning is not None or self.tools is not None
 
-    def stream(self, opened: bool = False, use_tools: bool = True) -> OutputStream:
+    def stream(self, opened: bool = False, use_tools: bool = True, tools: list[Any] | None = None) -> OutputStream:
+        """`tools`: the request's, for a tool parser that types arguments by their schemas."""
         return OutputStream(self.reasoning.stream(opened) if self.reasoning else None,
-                            self.tools.stream() if self.tools is not None and use_tools else None)
+                            self.tools.stream(tools) if self.tools is not None and use_tools else None)
 
-    def parse(self, text: str, final: bool = True, use_tools: bool = True, opened: bool | None = None) -> Parsed:
+    def parse(self, text: str, final: bool = True, use_tools: bool = True, opened: bool | None = None,
+              tools: list[Any] | None = None) -> Parsed:
         if opened is None:
             opened = self.reasoning is not None and self.reasoning.guess_opened(text)
-        s = self.stream(opened, use_tools)
+        s = self.stream(opened, use_tools, tools)
         s.feed(text, final)
         return s.parsed()
 
@@ -267,7 +241,7 @@ def reasoning_tokens(tokenizer: Any, token_ids: list[int], span: tuple[int, int 
 
 
 REASONING_PARSERS = {"qwen3": ThinkParser, "deepseek_r1": ThinkParser, "think": ThinkParser}
-TOOL_PARSERS = {"hermes": HermesToolParser, "qwen": HermesToolParser}
+TOOL_PARSERS = {"hermes": HermesToolParser, "qwen": HermesToolParser, "qwen3_coder": Qwen3CoderToolParser}
 
 
 def build_output_parser(reasoning: str | None, tools: str | None) -> OutputParser:

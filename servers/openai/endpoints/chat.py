@@ -145,7 +145,7 @@ def chat_stream(state: ServerState, req: ChatCompletionRequest, opened: bool) ->
     """The request's incremental parser (a forced tool_choice parses without --tool-parser), or None when the
     text is all content; `opened`: the prompt left a reasoning section open."""
     parser = request_parser(state.parser, req)
-    return parser.stream(opened, _use_tools(req)) if parser.active else None
+    return parser.stream(opened, _use_tools(req), req.tools) if parser.active else None
 
 
 def prompt_opens_reasoning(state: ServerState, req: ChatCompletionRequest, prompt_token_ids: list[int]) -> bool:

@@ -68,8 +68,9 @@ def _content(msg: ChatMessage, index: int, media: list[MediaRef]) -> str | list[
             out.append({"type": ref.kind})
         elif isinstance(part, (InputAudioPart, AudioURLPart)):
             where = f"messages[{index}].content[{j}]"
-            raise ApiError(400, f"{where}: {part.type} parts are not supported: the served model has no audio "
-                                "tower (no audio_config in its config.json)", param=where)
+            raise ApiError(400, f"{where}: {part.type} parts are not supported: audio input is not served (models "
+                                "without an audio tower cannot take it; Nemotron Omni's audio tower loads and is "
+                                "exact, but prompts do not carry audio yet)", param=where)
     return out
 
 
