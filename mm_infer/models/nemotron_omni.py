@@ -78,7 +78,8 @@ class NemotronOmniModel(nn.Module):
                                                                                               strict=True)])
 
     def encode_items(self, items: list) -> Tensor:
-        """MediaItems (rows form) -> their embeddings back to back: images together, each video on its own."""
+        """MediaItems (rows form) -> their embeddings back to back: images together, each video and each audio clip
+        (mel features [F, mel], F - 1 valid frames, as HF's extractor makes them) on its own."""
         out: list[Tensor] = []
         images = [it for it in items if it.modality == "image"]
         by_hash = {}
@@ -87,9 +88,19 @@ class NemotronOmniModel(nn.Module):
             by_hash = dict(zip([it.content_hash for it in images],
                                feats.split([it.num_patches // 4 for it in images]), strict=True))
         for it in items:
-            out.append(by_hash[it.content_hash] if it.modality == "image" else
-                       self.encode_vision(it.pixel_values, [it.grid_thw]))
+            if it.modality == "audio":
+                out.append(self.encode_audio(it.pixel_values))
+            else:
+                out.append(by_hash[it.content_hash] if it.modality == "image" else
+                           self.encode_vision(it.pixel_values, [it.grid_thw]))
         return torch.cat(out)
+
+    def encode_audio(self, features: Tensor) -> Tensor:
+        """One clip's mel features [F, mel] (F - 1 valid frames) -> [n_tokens, D]; a 400-worthy error without a
+        tower is raised before this (the prompt refuses audio then)."""
+        if self.audio is None:
+            raise ValueError("this checkpoint has no audio tower (no audio_config)")
+        return self.audio(features.to(self.device, self.dtype), features.shape[0] - 1)
 
     def embed_media(self, embeds: Tensor, rows: Tensor, vision: Tensor) -> tuple[Tensor, None]:
         """Write vision rows [K, D] over embeds [N, D] at rows [K]."""

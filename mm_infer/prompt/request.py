@@ -27,6 +27,7 @@ class MediaItem:
     timestamps: tuple[float, ...] | None = None  # seconds the prompt writes: per temporal patch (Qwen3-VL), per
     # frame (Nemotron Omni)
     frame_indices: tuple[int, ...] | None = None  # videos: the decoded frames used, as the sampler picked them
+    tokens: int | None = None  # placeholder tokens when not t*h*w/merge² (audio: features [F, mel], grid (1, F, 1))
 
     def __post_init__(self) -> None:
         if isinstance(self.media, Tensor):  # rows form, as callers that store rows build it
@@ -54,8 +55,8 @@ class MediaItem:
         return t * h * w
 
     def num_tokens(self, merge: int) -> int:
-        """Placeholder tokens this item expands to: t*h*w/merge²."""
-        return self.num_patches // merge**2
+        """Placeholder tokens this item expands to: t*h*w/merge² (or `tokens`, when set)."""
+        return self.tokens if self.tokens is not None else self.num_patches // merge**2
 
 
 def pixel_hash(packed: PackedTensor) -> str:

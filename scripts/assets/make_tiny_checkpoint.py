@@ -255,7 +255,7 @@ def corpus_files() -> list[Path]:
 
 def write_nemotron_omni(spec: dict, out_dir: Path, seed: int) -> None:
     """The Nemotron Omni preset: its own specials and template, weights through HF's model class."""
-    specials = tiny_nemotron_omni.SPECIAL_TOKENS
+    specials = tiny_nemotron_omni.SPECIAL_TOKENS + (tiny_nemotron_omni.AUDIO_TOKENS if "audio" in spec else [])
     tokenizer = train_tokenizer(corpus_files(), spec["bpe_vocab"], specials)
     ids = {tok: tokenizer.token_to_id(tok) for tok in specials}
     config = tiny_nemotron_omni.build_hf_config(spec, tokenizer.get_vocab_size(), ids)
@@ -264,7 +264,7 @@ def write_nemotron_omni(spec: dict, out_dir: Path, seed: int) -> None:
            "eos_token_id": ids["<|im_end|>"]}
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     extra = {"image_token": "<image>", "video_token": "<video>", "image_start_token": "<img>",
-             "image_end_token": "</img>"}
+             "image_end_token": "</img>"} | ({"audio_token": "<so_embedding>"} if "audio" in spec else {})
     write_tokenizer_files(tokenizer, out_dir, specials, extra, tiny_nemotron_omni.CHAT_TEMPLATE)
     tiny_nemotron_omni.write_processor_files(spec, out_dir)
     tensors = {k: v.contiguous() for k, v in sorted(tiny_nemotron_omni.random_tensors(config, seed).items())}

@@ -10,6 +10,10 @@ import torch
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<img>", "</img>", "<video>",
                   "<think>", "</think>"]
+AUDIO_TOKENS = ["<so_start>", "<so_embedding>", "<so_end>"]  # the audio preset's specials, after the others
+AUDIO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, num_mel_bins=80,
+             subsampling_conv_channels=8, conv_kernel_size=9, subsampling_factor=8, projection_hidden_size=40,
+             projection_bias=True)  # the released layout: no model_type (HF's quirk)
 PRESETS: dict[str, dict] = {
     "tiny-nemotron-omni": dict(
         arch="NemotronH_Omni_Reasoning_V3", model_type="nemotron_h_omni", bpe_vocab=3000,
@@ -21,6 +25,7 @@ PRESETS: dict[str, dict] = {
         projector_hidden=48, std=0.08,
     ),
 }
+PRESETS["tiny-nemotron-omni-audio"] = dict(PRESETS["tiny-nemotron-omni"], audio=AUDIO)
 CHAT_TEMPLATE = (  # ChatML, with the processor's `<image>` / `<video>` markers where media goes
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
     "<|im_start|>system\n<|im_end|>\n{% endif %}"
@@ -31,6 +36,7 @@ CHAT_TEMPLATE = (  # ChatML, with the processor's `<image>` / `<video>` markers 
     " or 'image_url' in content %}<image>\n"
     "{% elif content['type'] == 'video' or content['type'] == 'video_url' or 'video' in content"
     " or 'video_url' in content %}<video>\n"
+    "{% elif content['type'] in ('audio', 'input_audio', 'audio_url') %}<so_embedding>\n"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -56,10 +62,13 @@ def build_hf_config(spec: dict, vocab_size: int, ids: dict[str, int]) -> dict:
                   num_attention_heads=v["heads"], mlp_ratio=4.0, patch_size=16, max_img_size=v["max_img_size"],
                   num_cls_tokens=v["cls"], num_registers=v["registers"], video_temporal_patch_size=2, qkv_bias=True,
                   hidden_act="gelu", layer_norm_eps=1e-6)
-    return dict(architectures=[spec["arch"]], model_type=spec["model_type"], downsample_ratio=0.5,
-                projector_hidden_size=spec["projector_hidden"], vision_hidden_size=v["hidden"],
-                video_temporal_patch_size=2, video_pruning_rate=0.0, img_context_token_id=ids["<image>"],
-                video_context_token_id=ids["<video>"], torch_dtype="float32", llm_config=llm, vision_config=vision)
+    config = dict(architectures=[spec["arch"]], model_type=spec["model_type"], downsample_ratio=0.5,
+                  projector_hidden_size=spec["projector_hidden"], vision_hidden_size=v["hidden"],
+                  video_temporal_patch_size=2, video_pruning_rate=0.0, img_context_token_id=ids["<image>"],
+                  video_context_token_id=ids["<video>"], torch_dtype="float32", llm_config=llm, vision_config=vision)
+    if "audio" in spec:
+        config |= dict(sound_config=spec["audio"], sound_context_token_id=ids["<so_embedding>"])
+    return config
 
 
 def write_processor_files(spec: dict, out_dir: Path) -> None:
@@ -72,7 +81,12 @@ def write_processor_files(spec: dict, out_dir: Path) -> None:
     video = dict(video_processor_type="NemotronH_Omni_Reasoning_V3VideoProcessor", patch_size=16,
                  downsample_ratio=0.5, video_target_num_patches=64, video_maintain_aspect_ratio=True,
                  temporal_patch_size=2, norm_mean=mean, norm_std=std, do_sample_frames=False)
-    processor = {"processor_class": "NemotronH_Omni_Reasoning_V3Processor"}
+    processor: dict = {"processor_class": "NemotronH_Omni_Reasoning_V3Processor"}
+    if "audio" in spec:  # HF's ParakeetFeatureExtractor at its defaults, mel bins as the tower takes them
+        processor |= dict(audio_sampling_rate=16000, audio_subsampling_factor=8, audio_hop_length=160,
+                          feature_extractor=dict(feature_extractor_type="ParakeetFeatureExtractor",
+                                                 feature_size=spec["audio"]["num_mel_bins"], sampling_rate=16000,
+                                                 hop_length=160))
     (out_dir / "preprocessor_config.json").write_text(json.dumps(image, indent=2) + "\n")
     (out_dir / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
     (out_dir / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
@@ -104,6 +118,10 @@ def random_tensors(config: dict, seed: int) -> dict[str, torch.Tensor]:
                     t.copy_(0.5 * torch.randn(t.shape, generator=gen))
                 elif name.endswith("A_log"):
                     t.copy_(torch.log(1 + 7 * torch.rand(t.shape, generator=gen)))
+                elif name.endswith("running_var"):  # batch-norm statistics of the audio tower's conv modules
+                    t.copy_(0.5 + 1.5 * torch.rand(t.shape, generator=gen))
+                elif name.endswith("running_mean"):
+                    t.copy_(0.5 * torch.randn(t.shape, generator=gen))
                 else:
                     t.copy_(std * torch.randn(t.shape, generator=gen))
             model.save_pretrained(tmp)

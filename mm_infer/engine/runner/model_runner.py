@@ -121,13 +121,13 @@ class ModelRunner:
                 missing[item.content_hash] = item
             else:
                 found[item.content_hash] = emb
-        merge2 = self.model.config.vision.spatial_merge_size ** 2
-        big = [it for it in missing.values() if it.num_patches // merge2 >= self.min_rows]
+        merge = self.model.config.vision.spatial_merge_size
+        big = [it for it in missing.values() if it.num_tokens(merge) >= self.min_rows]
         batches = [big] if big else []
-        batches += [[it] for it in missing.values() if it.num_patches // merge2 < self.min_rows]
+        batches += [[it] for it in missing.values() if it.num_tokens(merge) < self.min_rows]
         for batch in batches:
             embs = self._encode(batch)  # [sum tokens, D]
-            for it, emb in zip(batch, embs.split([it.num_patches // merge2 for it in batch]), strict=True):
+            for it, emb in zip(batch, embs.split([it.num_tokens(merge) for it in batch]), strict=True):
                 found[it.content_hash] = emb
                 self.encoder_cache.put(it.content_hash, emb)
             self.encoder_calls += len(batch)
