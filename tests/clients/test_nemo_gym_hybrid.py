@@ -1,9 +1,11 @@
-"""NeMo-Gym 0.4.0's real `vllm_model` server (run in .peers/nemo-gym-venv) against ours on tiny Nemotron Omni: a
-two-turn Responses rollout with an image; turn 2's prompt begins with turn 1's exact ids (the <img> run kept)."""
+"""NeMo-Gym 0.4.0's real `vllm_model` server (run in .peers/nemo-gym-venv) against ours on the hybrid tiny models
+(Nemotron Omni, Qwen3.5-MoE): a two-turn Responses rollout with an image; turn 2's prompt begins with turn 1's exact
+ids (the image run kept)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,24 +18,29 @@ from servers.openai.launch import free_port
 
 pytestmark = [pytest.mark.clients, needs_venv(NEMO_PYTHON, "responses_api_models")]
 
-OMNI = REPO / "assets" / "models" / "tiny-nemotron-omni"
+HYBRID = {"nemotron-omni": (REPO / "assets" / "models" / "tiny-nemotron-omni", 3003),  # <image>
+          "qwen3.5-moe": (REPO / "assets" / "models" / "tiny-qwen3.5-moe", 3006)}  # <|image_pad|>
 IMAGE = REPO / "assets" / "media" / "images" / "photo.png"
 QUESTION = "What colour is the shape?"  # nemo_gym_driver.py's first turn
 MAX_TOKENS = 8
-IMAGE_TOKEN = 3003  # <image>
 ENGINE = {"num_kv_blocks": 256, "max_model_len": 2048}
 
 
+@pytest.fixture(scope="module", params=sorted(HYBRID))
+def hybrid(request) -> tuple[Path, int]:  # noqa: ANN001
+    return HYBRID[request.param]
+
+
 @pytest.fixture(scope="module")
-def omni_server() -> Iterator[str]:
-    proc, base = start_serve([str(OMNI), "--max-model-len", "2048", "--num-kv-blocks", "256"], free_port())
+def omni_server(hybrid: tuple[Path, int]) -> Iterator[str]:
+    proc, base = start_serve([str(hybrid[0]), "--max-model-len", "2048", "--num-kv-blocks", "256"], free_port())
     yield base
     stop_serve(proc)
 
 
 @pytest.fixture(scope="module")
-def rollout(omni_server: str) -> dict[str, Any]:
-    result, _ = run_driver(NEMO_PYTHON, "nemo_gym_driver.py", [omni_server, OMNI.name, str(IMAGE)])
+def rollout(omni_server: str, hybrid: tuple[Path, int]) -> dict[str, Any]:
+    result, _ = run_driver(NEMO_PYTHON, "nemo_gym_driver.py", [omni_server, hybrid[0].name, str(IMAGE)])
     return result
 
 
@@ -44,26 +51,29 @@ def _message(response: dict[str, Any]) -> dict[str, Any]:
     return items[0]
 
 
-def test_turn_one_collects_our_ids_and_logprobs(rollout: dict[str, Any], omni_server: str) -> None:
+def test_turn_one_collects_our_ids_and_logprobs(rollout: dict[str, Any], omni_server: str,
+                                                hybrid: tuple[Path, int]) -> None:
+    ckpt, image_token = hybrid
     got = _message(rollout["turn1"])
     msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url(IMAGE)}},
                                          {"type": "text", "text": QUESTION}]}]
     ours = httpx.post(f"{omni_server}/v1/chat/completions", timeout=120, json={
-        "model": OMNI.name, "messages": msgs, "temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": True,
+        "model": ckpt.name, "messages": msgs, "temperature": 0, "max_tokens": MAX_TOKENS, "logprobs": True,
         "return_token_ids": True}).json()
-    assert got["prompt_token_ids"] == ours["prompt_token_ids"] and IMAGE_TOKEN in got["prompt_token_ids"]
+    assert got["prompt_token_ids"] == ours["prompt_token_ids"] and image_token in got["prompt_token_ids"]
     assert [int(t) for t in got["generation_token_ids"]] == ours["choices"][0]["token_ids"]
     want = [t["logprob"] for t in ours["choices"][0]["logprobs"]["content"]]
     assert got["generation_log_probs"] == pytest.approx(want, abs=1e-5)
 
 
-def test_turn_two_begins_with_turn_one_ids_and_equals_our_engine(rollout: dict[str, Any]) -> None:
+def test_turn_two_begins_with_turn_one_ids_and_equals_our_engine(rollout: dict[str, Any],
+                                                                 hybrid: tuple[Path, int]) -> None:
     first, second = _message(rollout["turn1"]), _message(rollout["turn2"])
     prefix = first["prompt_token_ids"] + [int(t) for t in first["generation_token_ids"]]
     assert second["prompt_token_ids"][:len(prefix)] == prefix
     assert len(second["prompt_token_ids"]) > len(prefix) + 5, "the second user turn follows"
-    assert second["prompt_token_ids"].count(IMAGE_TOKEN) == first["prompt_token_ids"].count(IMAGE_TOKEN)
-    out = LLM(str(OMNI), **ENGINE).generate(
+    assert second["prompt_token_ids"].count(hybrid[1]) == first["prompt_token_ids"].count(hybrid[1])
+    out = LLM(str(hybrid[0]), **ENGINE).generate(
         [{"prompt_token_ids": second["prompt_token_ids"], "media_tokens_preexpanded": True,
           "multi_modal_data": {"image": [str(IMAGE)]}}],
         SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0), use_tqdm=False)[0]
