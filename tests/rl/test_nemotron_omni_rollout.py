@@ -3,17 +3,15 @@ teacher-forced HF trainer fed by trainer_hf_inputs; what HF's forward cannot tak
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from hybrid_rollout_cases import IMAGES, REPO, VIDEOS, prompt, reward, rows
 
 from mm_infer import LLM, SamplingParams
 from mm_infer.models.config import load_config
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.request import MediaItem
 from mm_infer.rl import (
-    RolloutRow,
     completion_logprobs,
     generate_multiturn,
     generate_rollouts,
@@ -24,29 +22,12 @@ from mm_infer.rl import (
     trainer_hf_inputs,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 OMNI = REPO / "assets" / "models" / "tiny-nemotron-omni"
-IMAGES = REPO / "assets" / "media" / "images"
-VIDEOS = REPO / "assets" / "media" / "videos"
 IMAGE = 3003  # <image>: image and video features alike
 TOL = 1e-4
 
 
-def prompt(media: dict[str, list[Path]], question: str) -> dict:
-    parts = [{"type": kind} for kind, items in media.items() for _ in items]
-    return {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}],
-            "multi_modal_data": {k: [str(p) for p in v] for k, v in media.items()}}
-
-
-ROWS = [
-    RolloutRow(prompt({"image": [IMAGES / "photo_q90.jpg"]}, "What colour is it?"), "e"),
-    RolloutRow(prompt({"image": [IMAGES / "tiny_9x13.png", IMAGES / "rgba.png"]}, "Compare them."), "a"),
-    RolloutRow(prompt({"video": [VIDEOS / "odd7_h264_2fps.mp4"]}, "What moves?"), "o"),
-]
-
-
-def reward(text: str, truth: str) -> float:
-    return float(text.count(truth))
+ROWS = rows()
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hybrid_rollout_cases import IMAGES, REPO, VIDEOS, prompt, reward, rows
 from safetensors.torch import load_file, save_file
 
 from mm_infer import LLM, SamplingParams
 from mm_infer.models.config import load_config
 from mm_infer.rl import (
-    RolloutRow,
     completion_logprobs,
     generate_multiturn,
     generate_rollouts,
@@ -24,10 +24,7 @@ from mm_infer.rl import (
     trainer_hf_inputs,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 MODELS = {"dense": REPO / "assets" / "models" / "tiny-qwen3.5", "moe": REPO / "assets" / "models" / "tiny-qwen3.5-moe"}
-IMAGES = REPO / "assets" / "media" / "images"
-VIDEOS = REPO / "assets" / "media" / "videos"
 IMAGE, VIDEO = 3006, 3007  # <|image_pad|> <|video_pad|>
 SMALL = {"max_pixels": 32 * 32 * 16, "video_max_pixels": 32 * 32 * 8 * 4}  # at most 16 tokens per image
 TOL = 1e-4
@@ -35,21 +32,7 @@ GDN = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_
        "linear_attn.A_log", "linear_attn.dt_bias", "linear_attn.conv1d")
 
 
-def prompt(media: dict[str, list[Path]], question: str) -> dict:
-    parts = [{"type": kind} for kind, items in media.items() for _ in items]
-    return {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}],
-            "multi_modal_data": {k: [str(p) for p in v] for k, v in media.items()}, "mm_processor_kwargs": SMALL}
-
-
-ROWS = [
-    RolloutRow(prompt({"image": [IMAGES / "photo_q90.jpg"]}, "What colour is it?"), "e"),
-    RolloutRow(prompt({"image": [IMAGES / "tiny_9x13.png", IMAGES / "rgba.png"]}, "Compare them."), "a"),
-    RolloutRow(prompt({"video": [VIDEOS / "odd7_h264_2fps.mp4"]}, "What moves?"), "o"),
-]
-
-
-def reward(text: str, truth: str) -> float:
-    return float(text.count(truth))
+ROWS = rows(SMALL)
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -137,7 +120,7 @@ def _perturbed(kind: str, tmp_path: Path, pick) -> tuple[Path, dict[str, torch.T
 def _follows_hf(engine_llm: LLM, model_dir: Path, before: list[float]) -> None:
     """The engine's greedy answer on an image + video prompt scores as HF with model_dir's weights scores it."""
     req = engine_llm.engine.prepare(prompt({"image": [IMAGES / "gray.png"], "video": [VIDEOS / "odd7_h264_2fps.mp4"]},
-                                           "Both?"))
+                                           "Both?", SMALL))
     out = engine_llm.generate([_request(req)], SamplingParams(temperature=0.0, max_tokens=6, logprobs=0),
                               use_tqdm=False)[0].outputs[0]
     kw = trainer_hf_inputs(load_config(model_dir), req, out.token_ids)
@@ -154,7 +137,7 @@ def _request(req) -> dict:
 
 def _greedy_logprobs(engine_llm: LLM) -> list[float]:
     req = engine_llm.engine.prepare(prompt({"image": [IMAGES / "gray.png"], "video": [VIDEOS / "odd7_h264_2fps.mp4"]},
-                                           "Both?"))
+                                           "Both?", SMALL))
     return engine_llm.generate([_request(req)], SamplingParams(temperature=0.0, max_tokens=6, logprobs=0),
                                use_tqdm=False)[0].outputs[0].logprobs
 
