@@ -31,12 +31,11 @@ def test_slots_are_handed_out_once_and_checked():
     slots = StateSlots(live=2, snapshots=2)
     a, b = slots.take_live(), slots.take_live()
     assert {a, b} == {0, 1} and slots.take_live() is None
-    s1 = slots.take_snapshot(lambda _b: False)
-    s2 = slots.take_snapshot(lambda _b: False)
+    (s1, _), (s2, _) = slots.take_snapshot(lambda _b: False), slots.take_snapshot(lambda _b: False)
     assert {s1, s2} == {2, 3} and slots.take_snapshot(lambda _b: False) is None  # every owner pinned
     slots.own(s1, block=7)
     slots.own(s2, block=8)
-    assert slots.take_snapshot(lambda block: block == 8) == s2  # the oldest evictable one
+    assert slots.take_snapshot(lambda block: block == 8) == (s2, 8)  # the oldest evictable one, and its owner
     slots.give_live(a)
     with pytest.raises(AssertionError):
         slots.give_live(a)

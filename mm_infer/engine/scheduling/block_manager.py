@@ -114,11 +114,12 @@ class BlockManager:
     def take_snapshot_slot(self) -> int | None:
         """A state slot for a new snapshot: a free one, else the oldest whose block no sequence holds."""
         assert self.states is not None
-        slot = self.states.take_snapshot(lambda b: self.blocks[b].ref_count == 0)
-        if slot is not None:
-            for block in self.blocks:  # its old owner keeps its KV and hash, but no longer its state
-                if block.state_slot == slot:
-                    block.state_slot = None
+        taken = self.states.take_snapshot(lambda b: self.blocks[b].ref_count == 0)
+        if taken is None:
+            return None
+        slot, old_owner = taken
+        if old_owner is not None:  # it keeps its KV and hash, but no longer its state
+            self.blocks[old_owner].state_slot = None
         return slot
 
     def commit(self, seq: Sequence) -> None:

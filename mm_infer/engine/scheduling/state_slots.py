@@ -36,15 +36,16 @@ class StateSlots:
         assert slot < self.live and slot not in self.free_live, f"live slot {slot} given back twice"
         self.free_live.append(slot)
 
-    def take_snapshot(self, evictable) -> int | None:  # noqa: ANN001 - (block id) -> bool
-        """A free snapshot slot; else the oldest one whose block `evictable` allows (its owner then loses it)."""
+    def take_snapshot(self, evictable) -> tuple[int, int | None] | None:  # noqa: ANN001 - (block id) -> bool
+        """(a snapshot slot, the block that loses it or None): a free slot, else the oldest one whose block
+        `evictable` allows; None when every slot is pinned."""
         if self.free_snapshots:
-            return self.free_snapshots.pop()
+            return self.free_snapshots.pop(), None
         for slot, block in self.owner.items():
             if evictable(block):
                 del self.owner[slot]
                 self.stats.snapshots_evicted += 1
-                return slot
+                return slot, block
         return None
 
     def own(self, slot: int, block: int) -> None:
