@@ -10,7 +10,7 @@ from pathlib import Path
 from mm_infer.sizes import parse_cli_bytes, parse_human_int
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's --dtype choices
-MODALITIES = ("image", "video")
+MODALITIES = ("image", "video", "audio")  # audio: checkpoints with an audio tower
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -80,7 +80,7 @@ def limit_mm(value: str) -> dict[str, int] | None:
             raise argparse.ArgumentTypeError(f"{modality!r}: the limit must be a non-negative integer, got {count!r}")
         if modality not in MODALITIES:
             if count:
-                raise argparse.ArgumentTypeError(f"{modality!r}: mm-infer serves {' and '.join(MODALITIES)} only")
+                raise argparse.ArgumentTypeError(f"{modality!r}: mm-infer serves {', '.join(MODALITIES)} only")
             continue
         limits[modality] = count
     return limits or None

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mm_infer.prompt.audio import audio_items
 from mm_infer.prompt.media import IMAGE_KWARGS, VIDEO_KWARGS, MediaDefaults, image_items, video_items
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.request import MediaItem
@@ -27,6 +28,7 @@ class PromptInput:
     media_tokens_preexpanded: bool = False
     chat_template_kwargs: Mapping[str, Any] | None = None  # may set add_generation_prompt (default True)
     cache_salt: str | None = None  # prefix-cache hits only among requests with the same salt (vLLM's)
+    audios: Sequence[MediaItem] = field(default_factory=list)  # Nemotron Omni with an audio tower only
 
     def __post_init__(self) -> None:
         given = [name for name in ("text", "token_ids", "messages") if getattr(self, name) is not None]
@@ -34,6 +36,11 @@ class PromptInput:
             named = {"text": "prompt", "token_ids": "prompt_token_ids", "messages": "messages"}
             raise PromptError(f"give exactly one of prompt, prompt_token_ids or messages "
                               f"(got {[named[g] for g in given] or 'none'})")
+
+
+def media_fields(items: Sequence[MediaItem]) -> dict[str, list[MediaItem]]:
+    """Items of mixed kinds as PromptInput's `images`, `videos` and `audios`, each kind in its given order."""
+    return {f"{m}s": [it for it in items if it.modality == m] for m in ("image", "video", "audio")}
 
 
 def parse_prompt(prompt: str | Mapping[str, Any], defaults: MediaDefaults) -> PromptInput:
@@ -46,14 +53,17 @@ def parse_prompt(prompt: str | Mapping[str, Any], defaults: MediaDefaults) -> Pr
     if unknown := set(prompt) - PROMPT_KEYS:
         raise PromptError(f"unknown prompt keys {sorted(unknown)}; expected some of {sorted(PROMPT_KEYS)}")
     mm = dict(prompt.get("multi_modal_data") or {})
-    if unknown := set(mm) - {"image", "video"}:
-        raise PromptError(f"unknown multi_modal_data keys {sorted(unknown)}; expected image and/or video")
+    if unknown := set(mm) - {"image", "video", "audio"}:
+        raise PromptError(f"unknown multi_modal_data keys {sorted(unknown)}; expected image, video and/or audio")
     kw = dict(prompt.get("mm_processor_kwargs") or {})
     if unknown := set(kw) - IMAGE_KWARGS - VIDEO_KWARGS:
         raise PromptError(f"unknown mm_processor_kwargs {sorted(unknown)}")
     images = image_items(mm["image"], kw, defaults) if mm.get("image") is not None else []
     videos = video_items(mm["video"], kw, defaults) if mm.get("video") is not None else []
+    audios = (audio_items(mm["audio"], defaults.audio, defaults.model_name) if mm.get("audio") is not None
+              else [])
     return PromptInput(text=prompt.get("prompt"), token_ids=prompt.get("prompt_token_ids"),
                        messages=prompt.get("messages"), images=images, videos=videos,
                        media_tokens_preexpanded=bool(prompt.get("media_tokens_preexpanded", False)),
-                       chat_template_kwargs=prompt.get("chat_template_kwargs"), cache_salt=prompt.get("cache_salt"))
+                       chat_template_kwargs=prompt.get("chat_template_kwargs"), cache_salt=prompt.get("cache_salt"),
+                       audios=audios)

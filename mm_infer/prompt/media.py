@@ -11,6 +11,7 @@ from typing import Any
 from mm_infer.config import MediaConfig
 from mm_infer.media.frame_sampling import QWEN_MAX_FRAMES, QWEN_MIN_FRAMES, SAMPLERS, frame_timestamps
 from mm_infer.media.item_processing import ImageOptions, VideoMetadata, VideoOptions
+from mm_infer.media.omni_audio import AudioFeatureSpec
 from mm_infer.media.omni_image import OMNI_IMAGE_PROCESSOR, OmniImageSpec
 from mm_infer.media.omni_video import OMNI_VIDEO_PROCESSOR, OmniVideoSpec, frame_seconds
 from mm_infer.media.packed import PackedTensor
@@ -52,6 +53,8 @@ class MediaDefaults:
     video_max_frames: int = QWEN_MAX_FRAMES
     omni_image: OmniImageSpec | None = None  # Nemotron Omni's processors (preprocessor_config.json's type)
     omni_video: OmniVideoSpec | None = None
+    audio: AudioFeatureSpec | None = None  # Nemotron Omni with an audio tower: its feature extractor, else None
+    model_name: str = "this model"  # how an error names the checkpoint
 
     @property
     def video_family(self) -> str:
@@ -79,8 +82,9 @@ def _pixels(cfg: Mapping[str, Any]) -> tuple[int | None, int | None]:
     return (cfg.get("min_pixels", size.get("shortest_edge")), cfg.get("max_pixels", size.get("longest_edge")))
 
 
-def media_defaults(model_dir: str | Path, media: MediaConfig) -> MediaDefaults:
-    """Engine options first, then preprocessor_config.json / video_preprocessor_config.json."""
+def media_defaults(model_dir: str | Path, media: MediaConfig, *, audio_tower: bool = False) -> MediaDefaults:
+    """Engine options first, then preprocessor_config.json / video_preprocessor_config.json; with `audio_tower`,
+    the audio feature extractor of processor_config.json (ParakeetFeatureExtractor's defaults where it is silent)."""
     def read(name: str) -> dict[str, Any]:
         path = Path(model_dir) / name
         return json.loads(path.read_text()) if path.exists() else {}
@@ -100,7 +104,8 @@ def media_defaults(model_dir: str | Path, media: MediaConfig) -> MediaDefaults:
         media.video_max_pixels or vmax, float(video.get("fps") or media.video_fps),
         int(image.get("temporal_patch_size", 2)), PatchSpec.from_config(image), qwen3, sampler,
         int(video.get("min_frames", QWEN_MIN_FRAMES)), int(video.get("max_frames", QWEN_MAX_FRAMES)), omni_image,
-        omni_video)
+        omni_video, AudioFeatureSpec.from_config(read("processor_config.json")) if audio_tower else None,
+        Path(model_dir).name)
 
 
 def image_overrides(kw: Mapping[str, Any], d: MediaDefaults) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Nemotron Omni placeholders: <image> / <video> markers -> <img> runs with frame labels, as HF's processor writes."""
+"""Nemotron Omni placeholders: <image> / <video> markers -> <img> runs with frame labels, <so_embedding> markers ->
+<so_start> runs <so_end>, as HF's processor writes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class OmniTokens:
     video: int
     start: int  # <img>
     end: int  # </img>
+    audio: int | None = None  # <so_embedding> (None: a tokenizer without audio tokens)
+    audio_start: int | None = None  # <so_start>
+    audio_end: int | None = None  # <so_end>
 
 
 @dataclass(frozen=True)
@@ -92,16 +96,17 @@ class _Expansion:
     """The expanded ids, one PlaceholderRange per <image> run and the items' prompt order, built left to right."""
 
     def __init__(self, tok: OmniTokens, text: OmniText, images: Sequence[MediaItem], videos: Sequence[MediaItem],
-                 merge: int, temporal_patch: int) -> None:
+                 merge: int, temporal_patch: int, audios: Sequence[MediaItem] = ()) -> None:
         self.tok, self.text = tok, text
         self.stops = text.added | {tok.image, tok.video, tok.start, tok.end}
-        self.items = {"image": list(images), "video": list(videos)}
+        self.items = {"image": list(images), "video": list(videos), "audio": list(audios)}
         self.videos = [OmniVideo.of(v, merge, temporal_patch) for v in videos]
         self.image_tokens = [it.num_tokens(merge) for it in images]
+        self.audio_tokens = [it.num_tokens(merge) for it in audios]  # the item's own count (HF's rule)
         self.out: list[int] = []
         self.ranges: list[PlaceholderRange] = []
         self.order: list[tuple[str, int]] = []
-        self.seen = {"image": 0, "video": 0}
+        self.seen = {"image": 0, "video": 0, "audio": 0}
 
     def take(self, modality: str) -> int:
         """The next item of this modality (a PromptError when the prompt has more placeholders than items)."""
@@ -200,6 +205,31 @@ class _Expansion:
         self.order.append(("video", k))
         return i + len(want)
 
+    def audio(self, raw: Sequence[int], i: int, preexpanded: bool) -> int:
+        """A <so_embedding> at raw[i]: after a copied <so_start>, the next audio's expanded run, checked token for
+        token; else a marker, expanded to <so_start>, n <so_embedding>, <so_end>. Returns the index after it."""
+        tok = self.tok
+        if tok.audio is None or tok.audio_start is None or tok.audio_end is None:
+            raise PromptError("this tokenizer lacks <so_start> / <so_end>: audio markers cannot be expanded")
+        expanded = i > 0 and raw[i - 1] == tok.audio_start
+        if not expanded and i + 1 < len(raw) and raw[i + 1] == tok.audio:
+            raise PromptError(f"a run of <so_embedding> tokens at token {i} has no <so_start> before it")
+        if not expanded and preexpanded:
+            raise PromptError(f"audio {self.seen['audio']}: media_tokens_preexpanded is set, but the prompt has an "
+                              f"unexpanded <so_embedding> at token {i}")
+        k = self.take("audio")
+        n = self.audio_tokens[k]
+        want = [tok.audio] * n + [tok.audio_end]
+        if expanded and list(raw[i:i + n + 1]) != want:
+            raise PromptError(f"audio {k}: the expanded run at token {i} does not match its expansion "
+                              f"(<so_start>, {n} <so_embedding>, <so_end>)")
+        if not expanded:
+            self.out.append(tok.audio_start)
+        self.run("audio", k, n, 0)
+        self.out += want
+        self.order.append(("audio", k))
+        return i + (n + 1 if expanded else 1)
+
     def check_all_used(self) -> None:
         for modality, items in self.items.items():
             if self.seen[modality] != len(items):
@@ -208,16 +238,18 @@ class _Expansion:
 
 
 def expand_omni(raw: Sequence[int], tok: OmniTokens, text: OmniText, images: Sequence[MediaItem],
-                videos: Sequence[MediaItem], *, merge: int = 2, temporal_patch: int = 2,
-                preexpanded: bool = False) -> tuple[list[int], list[PlaceholderRange], list[tuple[str, int]]]:
-    """Expand each <image> / <video> marker (or check each expanded run, never expanding it again); return the
-    ids, one range per <image> run (a video: one per tubelet, item_offset its first feature row) and the items'
-    (modality, index) in prompt order."""
-    exp = _Expansion(tok, text, images, videos, merge, temporal_patch)
+                videos: Sequence[MediaItem], *, merge: int = 2, temporal_patch: int = 2, preexpanded: bool = False,
+                audios: Sequence[MediaItem] = ()) -> tuple[list[int], list[PlaceholderRange], list[tuple[str, int]]]:
+    """Expand each <image> / <video> / <so_embedding> marker (or check each expanded run, never expanding it
+    again); return the ids, one range per <image> or <so_embedding> run (a video: one per tubelet, item_offset its
+    first feature row) and the items' (modality, index) in prompt order."""
+    exp = _Expansion(tok, text, images, videos, merge, temporal_patch, audios)
     i = 0
     while i < len(raw):
         t = raw[i]
-        if t == tok.video or (t == tok.image and (i == 0 or raw[i - 1] != tok.start)):
+        if tok.audio is not None and t == tok.audio:
+            i = exp.audio(raw, i, preexpanded)
+        elif t == tok.video or (t == tok.image and (i == 0 or raw[i - 1] != tok.start)):
             i = exp.marker(raw, i, preexpanded)
         elif t == tok.image:
             i = exp.expanded(raw, i)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MODALITIES = ("image", "video")
+MODALITIES = ("image", "video")  # the pad-run kinds of the Qwen prompts (Omni audio has its own markers)
 
 
 class PromptError(ValueError):

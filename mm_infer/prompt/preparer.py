@@ -10,7 +10,9 @@ import torch
 
 from mm_infer.config import MediaConfig
 from mm_infer.media.frame_sampling import timestamp_text
+from mm_infer.media.omni_audio import AUDIO_END, AUDIO_START, AUDIO_TOKEN
 from mm_infer.models.config import ModelConfig, load_config
+from mm_infer.prompt.audio import audio_refusal
 from mm_infer.prompt.chat_prompt import ChatPrompt, TemplateOptions, chat_token_ids
 from mm_infer.prompt.inputs import PromptInput, parse_prompt
 from mm_infer.prompt.media import MediaDefaults, media_defaults
@@ -72,16 +74,16 @@ def build_request(renderer: ChatRenderer | Any, ids: PlaceholderIds, prompt: Pro
 
 def build_omni_request(renderer: ChatRenderer | Any, tok: OmniTokens, prompt: PromptInput, *, merge_size: int = 2,
                        temporal_patch: int = 2, video_pruning_rate: float = 0.0) -> VLMRequest:
-    """Nemotron Omni: render (or take) the ids, expand or check its <image> / <video> markers as HF's processor
-    does; no RoPE, so positions are the plain sequence."""
+    """Nemotron Omni: render (or take) the ids, expand or check its <image> / <video> / <so_embedding> markers as
+    HF's processor does; no RoPE, so positions are the plain sequence."""
     renderer = renderer if isinstance(renderer, ChatRenderer) else ChatRenderer(renderer, {})
     check_pruning(prompt.videos, video_pruning_rate)
     raw = render_prompt(renderer, prompt=prompt.text, prompt_token_ids=prompt.token_ids, messages=prompt.messages,
                         chat_template_kwargs=prompt.chat_template_kwargs)
     token_ids, ranges, order = expand_omni(raw, tok, OmniText.of(renderer.tokenizer), prompt.images, prompt.videos,
                                            merge=merge_size, temporal_patch=temporal_patch,
-                                           preexpanded=prompt.media_tokens_preexpanded)
-    by_kind = {"image": list(prompt.images), "video": list(prompt.videos)}
+                                           preexpanded=prompt.media_tokens_preexpanded, audios=prompt.audios)
+    by_kind = {"image": list(prompt.images), "video": list(prompt.videos), "audio": list(prompt.audios)}
     positions, delta = flat_positions(len(token_ids))
     return VLMRequest(token_ids, ranges, [by_kind[m][k] for m, k in order], positions, delta, prompt.text,
                       prompt.cache_salt)
@@ -98,17 +100,32 @@ class PromptPreparer:
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_pretrained(self.model_dir)
         self.placeholder_ids = PlaceholderIds(mcfg.image_token_id, mcfg.video_token_id,
                                               mcfg.vision_start_token_id, mcfg.vision_end_token_id)
-        self.omni = (OmniTokens(mcfg.image_token_id, mcfg.video_token_id, mcfg.vision_start_token_id,
-                                mcfg.vision_end_token_id) if mcfg.kind == "nemotron_h_omni" else None)
+        self.audio_tower = mcfg.omni is not None and mcfg.omni.audio is not None
+        self.omni = self._omni_tokens(mcfg) if mcfg.kind == "nemotron_h_omni" else None
         media_text = (media_token_text(self.tokenizer, self.placeholder_ids) if self.omni is None else
                       {"image": self.tokenizer.decode([self.omni.image]),
                        "video": self.tokenizer.decode([self.omni.video])})  # Omni: bare markers, HF expands them
+        if self.omni is not None and self.audio_tower and self.omni.audio is not None:
+            media_text["audio"] = self.tokenizer.decode([self.omni.audio])
         self.renderer = ChatRenderer(self.tokenizer, media_text)
         self.merge_size = mcfg.vision.spatial_merge_size
         self.tokens_per_second = mcfg.vision.tokens_per_second if mcfg.kind == "qwen2_5_vl" else None
         media = media or MediaConfig()
         self.mrope_after_video = media.mrope_after_video
-        self.media_defaults: MediaDefaults = media_defaults(self.model_dir, media)
+        self.media_defaults: MediaDefaults = media_defaults(self.model_dir, media, audio_tower=self.audio_tower)
+
+    def _omni_tokens(self, mcfg: ModelConfig) -> OmniTokens:
+        """The Omni markers' ids; with an audio tower the audio ones, from the config (sound_context_token_id) or
+        the tokenizer."""
+        def tid(token: str) -> int | None:
+            found = self.tokenizer.convert_tokens_to_ids(token)
+            return None if found is None or found == getattr(self.tokenizer, "unk_token_id", None) else int(found)
+
+        base = (mcfg.image_token_id, mcfg.video_token_id, mcfg.vision_start_token_id, mcfg.vision_end_token_id)
+        if not self.audio_tower:  # <so_embedding> stays plain text, as HF's processor leaves it without audio
+            return OmniTokens(*base)
+        audio = getattr(mcfg.omni, "audio_token_id", None)
+        return OmniTokens(*base, audio if audio is not None else tid(AUDIO_TOKEN), tid(AUDIO_START), tid(AUDIO_END))
 
     def parse(self, prompt: str | Mapping[str, Any]) -> PromptInput:
         """A prompt str or dict -> PromptInput, media decoded with this checkpoint's defaults."""
@@ -120,6 +137,8 @@ class PromptPreparer:
         if isinstance(prompt, VLMRequest):
             return prompt
         typed = prompt if isinstance(prompt, PromptInput) else self.parse(prompt)
+        if typed.audios and not self.audio_tower:
+            raise audio_refusal(f"{self.model_dir.name} ({self.model_config.kind})")
         if self.omni is not None:
             omni = self.model_config.omni
             return build_omni_request(self.renderer, self.omni, typed, merge_size=self.merge_size,

@@ -11,7 +11,7 @@ from typing import Any
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.chat_prompt import CarriedTurn, ChatPrompt, chat_token_ids
-from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.inputs import PromptInput, media_fields
 from mm_infer.prompt.request import VLMRequest
 from mm_infer.rl.rollout import RewardFn, RolloutAbortedError, RolloutRow, run_to_completion
 
@@ -59,8 +59,7 @@ class Trajectory:
 def _continuation(first: VLMRequest, ids: list[int]) -> PromptInput:
     """The next turn's prompt: exact ids (media already expanded) and the first turn's own media items, so each
     keeps what its expansion was made from (frame count and times, second_per_grid_t, content hash)."""
-    return PromptInput(token_ids=ids, images=[it for it in first.items if it.modality == "image"],
-                       videos=[it for it in first.items if it.modality == "video"], media_tokens_preexpanded=True,
+    return PromptInput(token_ids=ids, **media_fields(first.items), media_tokens_preexpanded=True,
                        cache_salt=first.cache_salt)
 
 

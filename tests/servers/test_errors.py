@@ -249,8 +249,10 @@ def test_bad_prompt_in_a_streamed_batch_frees_the_rest(server):
 @pytest.mark.parametrize("part", [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
                                   {"type": "audio_url", "audio_url": {"url": "http://x/a.wav"}}],
                          ids=["input_audio", "audio_url"])
-def test_an_audio_part_is_400_saying_audio_is_not_served(server, part):
-    # catches: an audio part dropped silently (the answer would ignore the audio), or a bare schema error
+def test_an_audio_part_is_400_on_a_model_without_an_audio_tower(server, part):
+    # catches: an audio part dropped silently on a Qwen model (the answer would ignore the audio), fetched before
+    # being refused, or a bare schema error; Nemotron Omni with an audio tower serves it (test_omni_audio_server.py)
     err = assert_error(post(server, "/v1/chat/completions", chat([part, {"type": "text", "text": "x"}])), 400,
                        "audio input is not served")
+    assert "has no audio tower" in err["message"] and server.state.config.model_name in err["message"]
     assert err["param"] == "messages[0].content[0]"

@@ -74,12 +74,13 @@ def test_vllm_names_mean_our_names(vllm_line, our_line):
 @pytest.mark.parametrize("text, limits", [
     ('{"image": 4, "video": 1}', {"image": 4, "video": 1}), ("image=4,video=1", {"image": 4, "video": 1}),
     (" Image = 2 ", {"image": 2}), ('{"video": {"count": 1, "num_frames": 32}, "image": 0}', {"video": 1, "image": 0}),
-    ('{"image": 2, "audio": 0}', {"image": 2}), ("", None), ("{}", None)])
+    ('{"image": 2, "audio": 0}', {"image": 2, "audio": 0}), ('{"image": 2, "vision_chunk": 0}', {"image": 2}),
+    ('{"audio": 1}', {"audio": 1}), ("", None), ("{}", None)])
 def test_limit_mm_per_prompt_forms(text, limits):
     assert server_config(serve("--limit-mm-per-prompt", text)).limit_mm_per_prompt == limits
 
 
-@pytest.mark.parametrize("bad", ['{"audio": 1}', '{"image": -1}', '{"image": 1.5}', '{"image": true}', "image=x",
+@pytest.mark.parametrize("bad", ['{"vision_chunk": 1}', '{"image": -1}', '{"image": 1.5}', '{"image": true}', "image=x",
                                  "image=1,image=2", "image", '{"image": 2', "[1]"])
 def test_bad_limit_mm_per_prompt_is_refused(bad, capsys):
     with pytest.raises(SystemExit):

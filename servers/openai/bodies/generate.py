@@ -14,7 +14,7 @@ from servers.openai.bodies.requests import INT64_MAX, StreamOptions, Strict
 from servers.openai.bodies.sampling_params import top_k_within
 from servers.openai.prompting.admission import check_logit_bias, check_stops
 
-MODALITIES = ("image", "video")
+MODALITIES = ("image", "video", "audio")  # audio: Nemotron Omni with an audio tower
 
 
 class PlaceholderRangeInfo(Strict):
@@ -39,7 +39,7 @@ class MultiModalFeatures(Strict):
     @model_validator(mode="after")
     def _parallel(self) -> MultiModalFeatures:
         if unknown := set(self.mm_hashes) - set(MODALITIES):
-            raise ValueError(f"unknown modalities {sorted(unknown)}; expected image and/or video")
+            raise ValueError(f"unknown modalities {sorted(unknown)}; expected image, video and/or audio")
         for name in ("mm_placeholders", "kwargs_data", "mm_items"):
             per = getattr(self, name)
             if per is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
@@ -92,11 +93,11 @@ class PromptMediaOut(BaseModel):
     second_per_grid_t: float | None = None  # videos: seconds per temporal patch (Qwen2.5-VL's M-RoPE)
 
 
-def prompt_media(images: list[Any], videos: list[Any]) -> list[PromptMediaOut]:
-    """Images, then videos, each kind in prompt order (MediaItems)."""
+def prompt_media(images: list[Any], videos: list[Any], audios: Sequence[Any] = ()) -> list[PromptMediaOut]:
+    """Images, then videos, then audio clips, each kind in prompt order (MediaItems)."""
     return [PromptMediaOut(modality=it.modality, grid_thw=list(it.grid_thw), content_hash=it.content_hash,
                            frame_indices=None if it.frame_indices is None else list(it.frame_indices),
-                           second_per_grid_t=it.second_per_grid_t) for it in [*images, *videos]]
+                           second_per_grid_t=it.second_per_grid_t) for it in [*images, *videos, *audios]]
 
 
 class ChatCompletionResponse(BaseModel):

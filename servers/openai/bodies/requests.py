@@ -68,7 +68,8 @@ class AudioData(Strict):
 
 
 class InputAudioPart(Strict):
-    """OpenAI's audio part: parsed so that it is refused by name (no served model has an audio tower yet)."""
+    """OpenAI's audio part: base64 `data` of a `format` ("wav", "mp3", "flac"); served by models with an audio
+    tower (Nemotron Omni), refused by name by the others."""
 
     type: Literal["input_audio"]
     input_audio: AudioData | None = None

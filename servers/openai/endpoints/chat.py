@@ -14,7 +14,7 @@ from mm_infer.engine.outputs.request_output import CompletionOutput, RequestOutp
 from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.chat_prompt import ChatPrompt, TemplateOptions, ids_from_rendered, render_jobs, truncate_prompt
 from mm_infer.prompt.content_format import text_parts_joined
-from mm_infer.prompt.inputs import PromptInput
+from mm_infer.prompt.inputs import PromptInput, media_fields
 from mm_infer.prompt.templating import developer_as_system
 from servers.openai.answers.logprobs import (
     CONTEXT_TOKENS,
@@ -118,7 +118,8 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
     items fetched and processed here, under the server's caps, at the same time."""
     max_model_len = state.backend.facts.max_model_len
     check_text(state.preparer.tokenizer, max_model_len, message_texts(messages), "messages")
-    parsed = parse_messages(messages)
+    parsed = parse_messages(messages, audio_refused_for=None if getattr(state.preparer, "audio_tower", False)
+                            else state.config.model_name)
     check_media_counts((ref.kind for ref in parsed.media), state.config.limit_mm_per_prompt)
     opts = state.media.options(mm_processor_kwargs, media_io_kwargs)
     source, chat_template_kwargs = request_template(state, chat_template, chat_template_kwargs)
@@ -133,8 +134,7 @@ async def build_chat_prompt(state: ServerState, messages: list[ChatMessage], *, 
         return await asyncio.to_thread(ids_from_rendered, chat, state.preparer.renderer, texts)
 
     ids, items = await asyncio.gather(template_ids(), state.media.resolve(parsed.media, opts))
-    return PromptInput(token_ids=ids, images=[it for it in items if it.modality == "image"],
-                       videos=[it for it in items if it.modality == "video"], cache_salt=cache_salt)
+    return PromptInput(token_ids=ids, **media_fields(items), cache_salt=cache_salt)
 
 
 def _use_tools(req: ChatCompletionRequest) -> bool:
@@ -382,9 +382,8 @@ def _logprobs_param(params: SamplingParams) -> str:
 
 def expanded_length(prompt: PromptInput, merge_size: int) -> int:
     """The prompt's length once each media placeholder is expanded to its t*h*w/merge² tokens."""
-    items = [*prompt.images, *prompt.videos]
-    return len(prompt.token_ids or ()) + sum(t * h * w // merge_size ** 2 - 1 for t, h, w in
-                                             (it.grid_thw for it in items))
+    items = [*prompt.images, *prompt.videos, *prompt.audios]
+    return len(prompt.token_ids or ()) + sum(it.num_tokens(merge_size) - 1 for it in items)
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
@@ -392,7 +391,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     rid = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     gen = Generation(state, prompt, params, rid, req.affinity_key, req.stream)
-    media = prompt_media(prompt.images, prompt.videos) if req.return_token_ids else None  # asked for only
+    media = (prompt_media(prompt.images, prompt.videos, prompt.audios) if req.return_token_ids
+             else None)  # asked for only
     if req.stream:
         await watch(gen.start(), request.is_disconnected)
         return ClosingStreamingResponse(_chunks(state, req, gen, rid, created, media),

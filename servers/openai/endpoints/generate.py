@@ -59,9 +59,10 @@ def _check(state: ServerState, req: GenerateRequest) -> None:
 async def prepare_generate(state: ServerState, req: GenerateRequest) -> VLMRequest:
     """The prompt exactly as the chat request it was rendered from: ids checked against their features, the
     media taken from the feature cache (or inline), nothing expanded or preprocessed again."""
-    items = resolve_items(req.features, state.features, state.preparer.media_defaults.spec)
+    defaults = state.preparer.media_defaults
+    items = resolve_items(req.features, state.features, defaults.spec, defaults.audio)
     prompt = PromptInput(token_ids=req.token_ids, images=items["image"], videos=items["video"],
-                         media_tokens_preexpanded=True, cache_salt=req.cache_salt)
+                         media_tokens_preexpanded=True, cache_salt=req.cache_salt, audios=items["audio"])
     try:
         prepared = await asyncio.to_thread(state.preparer.prepare, prompt)
     except Exception as exc:

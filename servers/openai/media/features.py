@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from mm_infer.media.cache import ByteLRU
+from mm_infer.media.omni_audio import AudioFeatureSpec, token_count
 from mm_infer.media.packed import PackedTensor
 from mm_infer.media.patchify import BACKENDS, DEFAULT_SPEC, PatchSpec, norm_table
 from mm_infer.prompt.request import MediaItem, VLMRequest
@@ -62,7 +63,8 @@ def encode_item(item: MediaItem) -> str:
     head = {"modality": item.modality, "grid_thw": list(item.grid_thw), "content_hash": item.content_hash,
             "second_per_grid_t": item.second_per_grid_t, "dtype": str(pv.dtype).removeprefix("torch."),
             "shape": list(pv.shape), "timestamps": None if item.timestamps is None else list(item.timestamps),
-            "frame_indices": None if item.frame_indices is None else list(item.frame_indices), **form}
+            "frame_indices": None if item.frame_indices is None else list(item.frame_indices),
+            "tokens": item.tokens, **form}
     return base64.b64encode(json.dumps(head).encode() + b"\n" + raw).decode("ascii")
 
 
@@ -151,13 +153,43 @@ def _media(head: dict, raw: bytes, spec: PatchSpec) -> PackedTensor:
     return PackedTensor(data, torch.tensor([list(grid)]), torch.ones(1, dtype=torch.long))
 
 
-def decode_item(data: str, modality: str, where: str, spec: PatchSpec = DEFAULT_SPEC) -> MediaItem:
-    """An inline item (400 naming `where` if it is malformed, or not what this checkpoint's `spec` makes of media);
-    it is keyed by a digest of its own media."""
+def _audio_item(head: dict, raw: bytes, audio: AudioFeatureSpec | None) -> MediaItem:
+    """An inline audio item: float32 log-mel features [F, mel] of this checkpoint's extractor, grid (1, F, 1); its
+    token count is recomputed from F (HF's rule), never taken from the client."""
+    if audio is None:
+        raise InlineError("it is audio, and this model has no audio tower")
+    if head.get("dtype") != "float32" or head.get("form") is not None:
+        raise InlineError(f"audio features are float32 rows, got {head.get('dtype')!r} {head.get('form') or 'rows'}")
+    frames, mel = (int(x) for x in head["shape"])
+    if mel != audio.feature_size or frames < 2 or [int(x) for x in head["grid_thw"]] != [1, frames, 1]:
+        raise InlineError(f"audio features of shape {[frames, mel]} with grid {head['grid_thw']}: expected "
+                          f"[F >= 2, {audio.feature_size}] with grid [1, F, 1]")
+    feats = torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy()).reshape(frames, mel)  # [F, mel]
+    if not bool(torch.isfinite(feats).all()):
+        raise InlineError("its audio features hold values that are not finite (NaN or infinity)")
+    tokens = token_count((frames - 1) * audio.count_hop, audio)  # F = 1 + L // hop mel frames
+    if head.get("tokens") not in (None, tokens):
+        raise InlineError(f"its header says {head['tokens']} tokens, {frames} mel frames make {tokens}")
+    digest = hashlib.blake2b(raw, digest_size=16)
+    digest.update(repr((frames, mel, "audio")).encode())
+    return MediaItem("audio", feats, (1, frames, 1), f"inline-{digest.hexdigest()}", tokens=tokens)
+
+
+def _unpack(data: str) -> tuple[dict, bytes]:
+    head_bytes, raw = base64.b64decode(data, validate=True).split(b"\n", 1)
+    return json.loads(head_bytes), raw
+
+
+def decode_item(data: str, modality: str, where: str, spec: PatchSpec = DEFAULT_SPEC,
+                audio: AudioFeatureSpec | None = None) -> MediaItem:
+    """An inline item (400 naming `where` if it is malformed, or not what this checkpoint's `spec` / `audio`
+    makes of media); it is keyed by a digest of its own media."""
     try:
-        blob = base64.b64decode(data, validate=True)
-        head_bytes, raw = blob.split(b"\n", 1)
-        head = json.loads(head_bytes)
+        head, raw = _unpack(data)
+        if modality == "audio" or head.get("modality") == "audio":
+            if head.get("modality") != modality:
+                raise InlineError(f"it is a {head.get('modality')} item, listed as {modality}")
+            return _audio_item(head, raw, audio)
         t, h, w = (int(x) for x in head["grid_thw"])
         media = _media(head, raw, spec)
     except InlineError as e:
@@ -202,10 +234,10 @@ def features_of(req: VLMRequest, inline: bool) -> MultiModalFeatures | None:
         mm_items={m: prompt_media([req.items[i] for i in mine[m]], []) for m in kinds})
 
 
-def resolve_items(features: MultiModalFeatures | None, store: FeatureStore,
-                  spec: PatchSpec = DEFAULT_SPEC) -> dict[str, list[MediaItem]]:
+def resolve_items(features: MultiModalFeatures | None, store: FeatureStore, spec: PatchSpec = DEFAULT_SPEC,
+                  audio: AudioFeatureSpec | None = None) -> dict[str, list[MediaItem]]:
     """Each modality's items in order: from the cache by hash, else inline (checked against the checkpoint's patch
-    `spec`); a 400 naming the item otherwise."""
+    `spec` and audio features `audio`); a 400 naming the item otherwise."""
     out: dict[str, list[MediaItem]] = {m: [] for m in MODALITIES}
     if features is None:
         return out
@@ -215,7 +247,7 @@ def resolve_items(features: MultiModalFeatures | None, store: FeatureStore,
             where = f"features {m} {k} (hash {h[:16]})"
             item = store.get(h)
             if item is None and data is not None:
-                item = decode_item(data, m, where, spec)
+                item = decode_item(data, m, where, spec, audio)
             if item is None:
                 raise ApiError(400, f"{where}: not in this server's feature cache (evicted, or rendered elsewhere "
                                "or by another client); render it again, or render with mm_payload \"tensors\" to "

@@ -7,8 +7,9 @@ import hashlib
 from contextvars import ContextVar
 from typing import Any
 
-from mm_infer.media import MediaProcessor, MediaTooLargeError
+from mm_infer.media import MediaError, MediaProcessor, MediaTooLargeError
 from mm_infer.media.cache import ByteLRU
+from mm_infer.prompt.audio import encoded_audio_item
 from mm_infer.prompt.media import MediaDefaults
 from mm_infer.prompt.request import MediaItem, items_from_packed
 from servers.openai.bodies.errors import ApiError
@@ -28,7 +29,7 @@ NAME_ENTRY_BYTES = 256  # what one (scope, uuid) -> content entry is charged in 
 HASH_INLINE_BYTES = 1 << 20  # hash bigger payloads off the event loop
 
 def _kind_options(kind: str, opts: MediaOptions) -> tuple[tuple[str, Any], ...]:
-    return opts.image if kind == "image" else opts.video
+    return {"image": opts.image, "video": opts.video}.get(kind, ())  # audio takes no request options
 
 
 def _digest(*parts: object) -> str:
@@ -78,7 +79,21 @@ class MediaResolver:
                            "mm_processor_kwargs; send its URL again", param="uuid")
         return item
 
-    async def _decode(self, kind: str, data: bytes, opts: MediaOptions) -> tuple[MediaItem, int]:
+    async def _audio(self, ref: MediaRef, data: bytes) -> tuple[MediaItem, int]:
+        """Audio bytes -> the features item (a 400 naming the part for undecodable or too short audio)."""
+        where = ref.where or "audio"
+        if self.defaults.audio is None:
+            raise ApiError(400, f"{where}: audio input is not served for this model (no audio tower)", param=where)
+        try:
+            item = await asyncio.to_thread(encoded_audio_item, data, self.defaults.audio)
+        except MediaError as e:
+            raise ApiError(e.status, f"{where}: {e}", param=where) from None
+        return item, item.nbytes
+
+    async def _decode(self, ref: MediaRef, data: bytes, opts: MediaOptions) -> tuple[MediaItem, int]:
+        kind = ref.kind
+        if kind == "audio":
+            return await self._audio(ref, data)
         overrides = dict(_kind_options(kind, opts))
         packed, metas = await self.processor.aprocess(kind, [data], **overrides)
         seconds = None if kind == "image" else [float(metas[0].second_per_grid_ts or 0.0)]
@@ -92,13 +107,13 @@ class MediaResolver:
             return self._named(ref, opts, scope)
         data = await self.fetcher.fetch(ref.url)
         if not ref.uuid:
-            return (await self._decode(ref.kind, data, opts))[0]
+            return (await self._decode(ref, data, opts))[0]
         small = len(data) <= HASH_INLINE_BYTES
         content = _content_hash(data) if small else await asyncio.to_thread(_content_hash, data)
         key = _digest(ref.kind, ref.uuid, content, _kind_options(ref.kind, opts))
         item = self._by_content.get(key)
         if item is None:
-            item, nbytes = await self._decode(ref.kind, data, opts)
+            item, nbytes = await self._decode(ref, data, opts)
             self._by_content.put(key, item, nbytes)
         self._by_name.put(_name_key(scope, ref, opts), key, NAME_ENTRY_BYTES)
         return item

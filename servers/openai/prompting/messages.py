@@ -16,6 +16,7 @@ from servers.openai.bodies.requests import (
     InputImagePart,
     InputVideoPart,
     TextPart,
+    URLRef,
     VideoURLPart,
 )
 
@@ -24,9 +25,10 @@ from servers.openai.bodies.requests import (
 class MediaRef:
     """One media item as the request named it: a URL, a uuid of earlier media, or both."""
 
-    kind: str  # "image" | "video"
+    kind: str  # "image" | "video" | "audio"
     url: str | None
     uuid: str | None
+    where: str | None = None  # the part that named it ("messages[0].content[1]"), for errors
 
 
 @dataclass
@@ -36,24 +38,36 @@ class ChatInput:
     carried: CarriedTurn | None
 
 
+def _url_and_uuid(ref: URLRef | str | None, uuid: str | None) -> tuple[str | None, str | None]:
+    if isinstance(ref, str) or ref is None:
+        return ref, uuid
+    return ref.url, uuid or ref.uuid
+
+
+def _audio_url(part: InputAudioPart | AudioURLPart) -> tuple[str | None, str | None]:
+    """An audio part's URL: input_audio's base64 data as a data URL of its format (wav when unnamed)."""
+    if isinstance(part, AudioURLPart):
+        return _url_and_uuid(part.audio_url, part.uuid)
+    data = part.input_audio
+    return (None if data is None else f"data:audio/{data.format or 'wav'};base64,{data.data}"), part.uuid
+
+
 def _media_ref(part: Any, where: str) -> MediaRef:
     if isinstance(part, (ImageURLPart, VideoURLPart)):
         kind = "image" if isinstance(part, ImageURLPart) else "video"
-        ref = part.image_url if isinstance(part, ImageURLPart) else part.video_url
-        if isinstance(ref, str) or ref is None:
-            url, uuid = ref, part.uuid
-        else:
-            url, uuid = ref.url, part.uuid or ref.uuid
+        url, uuid = _url_and_uuid(part.image_url if isinstance(part, ImageURLPart) else part.video_url, part.uuid)
     elif isinstance(part, InputImagePart):
         kind, url, uuid = "image", part.image_url, part.uuid
-    else:
+    elif isinstance(part, InputVideoPart):
         kind, url, uuid = "video", part.video_url, part.uuid
+    else:
+        kind, (url, uuid) = "audio", _audio_url(part)
     if not url and not uuid:
         raise ApiError(400, f"{where}: a {kind} part needs a URL or the uuid of media sent earlier", param=where)
-    return MediaRef(kind, url or None, uuid)
+    return MediaRef(kind, url or None, uuid, where)
 
 
-def _content(msg: ChatMessage, index: int, media: list[MediaRef]) -> str | list[dict[str, Any]]:
+def _content(msg: ChatMessage, index: int, media: list[MediaRef], audio: str | None) -> str | list[dict[str, Any]]:
     if msg.content is None:
         return ""
     if isinstance(msg.content, str):
@@ -62,15 +76,14 @@ def _content(msg: ChatMessage, index: int, media: list[MediaRef]) -> str | list[
     for j, part in enumerate(msg.content):
         if isinstance(part, TextPart):
             out.append({"type": "text", "text": part.text})
-        elif isinstance(part, (ImageURLPart, VideoURLPart, InputImagePart, InputVideoPart)):
-            ref = _media_ref(part, f"messages[{index}].content[{j}]")
+        else:
+            where = f"messages[{index}].content[{j}]"
+            if isinstance(part, (InputAudioPart, AudioURLPart)) and audio is not None:
+                raise ApiError(400, f"{where}: {part.type} parts are not supported: audio input is not served "
+                                    f"for {audio}, which has no audio tower", param=where)
+            ref = _media_ref(part, where)
             media.append(ref)
             out.append({"type": ref.kind})
-        elif isinstance(part, (InputAudioPart, AudioURLPart)):
-            where = f"messages[{index}].content[{j}]"
-            raise ApiError(400, f"{where}: {part.type} parts are not supported: audio input is not served (models "
-                                "without an audio tower cannot take it; Nemotron Omni's audio tower loads and is "
-                                "exact, but prompts do not carry audio yet)", param=where)
     return out
 
 
@@ -94,13 +107,14 @@ def _reasoning(msg: ChatMessage, index: int) -> str | None:
     return msg.reasoning if msg.reasoning is not None else msg.reasoning_content
 
 
-def parse_messages(messages: list[ChatMessage]) -> ChatInput:
-    """Normalize parts for the chat template ({"type": "image"} etc.) and collect media in prompt order."""
+def parse_messages(messages: list[ChatMessage], *, audio_refused_for: str | None = "this model") -> ChatInput:
+    """Normalize parts for the chat template ({"type": "image"} etc.) and collect media in prompt order; audio
+    parts are a 400 naming `audio_refused_for` (the model) unless it is None (a model with an audio tower)."""
     media: list[MediaRef] = []
     out: list[dict[str, Any]] = []
     carried: CarriedTurn | None = None
     for i, msg in enumerate(messages):
-        d: dict[str, Any] = {"role": msg.role, "content": _content(msg, i, media)}
+        d: dict[str, Any] = {"role": msg.role, "content": _content(msg, i, media, audio_refused_for)}
         for key in ("name", "tool_call_id"):
             if getattr(msg, key) is not None:
                 d[key] = getattr(msg, key)
