@@ -147,11 +147,11 @@ def decode_audio(data: bytes, sampling_rate: int = 16000) -> Tensor:
     wave = np.concatenate(chunks, axis=1)  # [channels, L] float32
     mono = wave.mean(axis=0) if wave.shape[0] > 1 else wave[0]  # float32 mean over channels, as numpy's
     if rate != sampling_rate:
-        mono = _resample(mono, rate, sampling_rate)
+        mono = resample(mono, rate, sampling_rate)
     return torch.from_numpy(np.ascontiguousarray(mono, dtype=np.float32))
 
 
-def _resample(mono: np.ndarray, src: int, dst: int) -> np.ndarray:
+def resample(mono: np.ndarray, src: int, dst: int) -> np.ndarray:
     """FFmpeg's swresample at its defaults, padded or cut to ceil(L * dst / src)."""
     import av
 

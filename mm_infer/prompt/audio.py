@@ -13,7 +13,7 @@ from torch import Tensor
 
 from mm_infer.media.errors import MediaError, MediaInvalidError
 from mm_infer.media.limits import DEFAULT_LIMITS, MediaLimits
-from mm_infer.media.omni_audio import AudioFeatureSpec, _resample, audio_features, decode_audio, token_count
+from mm_infer.media.omni_audio import AudioFeatureSpec, audio_features, decode_audio, resample, token_count
 from mm_infer.media.sources import read_encoded
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.request import MediaItem
@@ -54,7 +54,7 @@ def _waveform(array: Any, rate: int, spec: AudioFeatureSpec) -> Tensor:
     if rate <= 0:
         raise MediaInvalidError(f"sampling rate {rate} is not positive")
     if rate != spec.sampling_rate:
-        wave = _resample(wave, rate, spec.sampling_rate)
+        wave = resample(wave, rate, spec.sampling_rate)
     return torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))
 
 

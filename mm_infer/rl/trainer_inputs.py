@@ -64,7 +64,24 @@ def omni_hf_inputs(request: VLMRequest, completion: Sequence[int], *, patch_size
             raise ValueError(f"Nemotron Omni: HF stacks the videos of one forward, so they must share one grid; got "
                              f"{[it.grid_thw for it in videos]}")
         kw["pixel_values_videos"] = torch.stack([_tubelets(it, patch_size, temporal_patch_size) for it in videos])
+    if audios := [it for it in request.items if it.modality == "audio"]:
+        kw |= _audio_features(audios)
     return kw
+
+
+def _audio_features(audios: Sequence[MediaItem]) -> dict[str, Tensor]:
+    """The clips' mel features [F_i, mel] (F_i - 1 valid frames each, as HF's extractor makes them) padded together
+    with zeros, as HF's processor pads one request's clips: input_features [B, F, mel], input_features_mask [B, F].
+    (HF's last kept row of a clip whose valid frames are a multiple of 8 depends on its neighbours; the engine
+    encodes each clip alone, so with several clips that row may differ by design.)"""
+    width = max(it.pixel_values.shape[0] for it in audios)
+    feats = torch.zeros(len(audios), width, audios[0].pixel_values.shape[1])
+    mask = torch.zeros(len(audios), width, dtype=torch.long)
+    for i, it in enumerate(audios):
+        f = it.pixel_values.float()  # [F_i, mel]
+        feats[i, :f.shape[0]] = f
+        mask[i, :f.shape[0] - 1] = 1
+    return {"input_features": feats, "input_features_mask": mask}
 
 
 def _tubelets(item: MediaItem, patch: int, temporal: int) -> Tensor:

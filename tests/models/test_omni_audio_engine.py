@@ -66,3 +66,18 @@ def test_audio_prompts_equal_hf_generate_and_a_teacher_forced_forward():
         worst = max(worst, (torch.tensor(got.logprobs) - forced).abs().max().item())
     print(f"\naudio prompts: greedy ids = HF generate; |logprobs - teacher-forced HF| max {worst:.2e}")
     assert worst < 1e-4
+
+
+@torch.no_grad()
+def test_trainer_inputs_carry_the_audio():
+    # catches: trainer_hf_inputs dropping the clip (HF's forward would then fail its <so_embedding> count) or its
+    # mask off by one frame
+    from mm_infer.models.config import load_config
+    from mm_infer.rl import completion_logprobs, trainer_hf_inputs
+
+    llm = LLM(str(CKPT), cpu_threads=1)
+    req, _ = audio_request(clips()[0], 50)
+    out = llm.generate([req], SamplingParams(temperature=0.0, max_tokens=5, logprobs=0), use_tqdm=False)[0]
+    kw = trainer_hf_inputs(load_config(CKPT), req, out.outputs[0].token_ids)
+    ref = completion_logprobs(hf()(**kw).logits, out.outputs[0].token_ids)
+    assert (torch.tensor(out.outputs[0].logprobs) - ref).abs().max().item() < 1e-4
