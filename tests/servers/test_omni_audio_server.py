@@ -91,6 +91,17 @@ def test_chat_with_an_audio_part_equals_llm(omni, make):
     assert ids[at + 1:at + 14] == [SO_EMB] * 13 and ids[at + 14] == SO_END
 
 
+def test_responses_with_an_audio_part_equals_llm(omni):
+    # catches: the Responses API refusing (or dropping) an input_audio part that chat takes
+    client, _, llm = omni
+    items = [{"role": "user", "content": [input_audio(WAV), {"type": "input_text", "text": "What is heard?"}]}]
+    r = client.responses.create(model="m", input=items, temperature=0.0, max_output_tokens=6)
+    ref = llm_chat(llm, ["audio"], {"audio": [WAV]}, "What is heard?")
+    last = r.output[-1].model_extra
+    assert last["prompt_token_ids"] == ref.prompt_token_ids and SO_EMB in ref.prompt_token_ids
+    assert last["generation_token_ids"] == ref.outputs[0].token_ids
+
+
 def test_two_clips_and_an_image_keep_their_order(omni):
     # catches: audio items sorted after images, or two clips swapped (their runs have different lengths)
     _, base_url, llm = omni

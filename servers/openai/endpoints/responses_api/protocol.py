@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from servers.openai.bodies.requests import InputImagePart, InputVideoPart, Strict
+from servers.openai.bodies.requests import InputAudioPart, InputImagePart, InputVideoPart, Strict
 from servers.openai.bodies.vllm_fields import NullMeansDefault
 
 
@@ -30,7 +30,8 @@ class RefusalPart(Strict):
     refusal: str
 
 
-ItemPart = Annotated[TextItemPart | RefusalPart | InputImagePart | InputVideoPart, Field(discriminator="type")]
+ItemPart = Annotated[TextItemPart | RefusalPart | InputImagePart | InputVideoPart | InputAudioPart,
+                     Field(discriminator="type")]
 
 
 class MessageItem(TokenFields):
