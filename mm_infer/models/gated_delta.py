@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from mm_infer.models.half_linear import Linear
 from mm_infer.models.layers import FusedLinear, activation
-from mm_infer.models.mamba2 import MambaState
+from mm_infer.models.mamba2 import MambaState, causal_conv
 
 L2_EPS = 1e-6  # inside the rsqrt, as HF's (and FLA's) l2norm
 
@@ -176,10 +176,7 @@ class GatedDeltaNet(nn.Module):
             state.conv, state.ssm = conv[0], ssm[0]
             return out
         qkv, z, b, a = proj.split(d.parts, dim=-1)
-        window = torch.cat([state.conv, qkv.t()], dim=1)  # [C, K-1+L]
-        qkv = F.conv1d(window[None], self.conv1d.weight, groups=d.conv_dim)[0]  # [C, L]
-        state.conv = window[:, window.shape[1] - (d.conv_kernel - 1):]  # [C, K-1]
-        q, k, v = self._heads(self.act(qkv.t()))  # [L, nv, dk], [L, nv, dk], [L, nv, dv]
+        q, k, v = self._heads(self.act(causal_conv(qkv, state, self.conv1d)))  # [L, nv, dk], [L, nv, dk], [L, nv, dv]
         q, k = normed_qk(q, k, decode=False)
         g = self._decay(a, F.softplus)  # [L, nv]
         beta = b.contiguous().sigmoid().float()  # [L, nv]; contiguous as HF's, so the same vector/scalar split

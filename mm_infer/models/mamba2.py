@@ -90,6 +90,23 @@ def scan_step(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, state: Ten
     return torch.einsum("hps,hs->hp", state, c), state
 
 
+def causal_conv(x: Tensor, state: MambaState, conv: nn.Conv1d) -> Tensor:
+    """Depthwise causal conv over one sequence's x [L, C], continuing from the state's last K-1 inputs (which it
+    updates) -> [L, C], before any activation (Mamba-2's and the gated DeltaNet's)."""
+    window = torch.cat([state.conv, x.t()], dim=1)  # [C, K-1+L]
+    out = F.conv1d(window[None], conv.weight, conv.bias, groups=x.shape[1])[0]  # [C, L]
+    state.conv = window[:, window.shape[1] - (conv.kernel_size[0] - 1):]  # [C, K-1]
+    return out.t()
+
+
+def conv_step(conv_state: Tensor, x: Tensor, conv: nn.Conv1d) -> tuple[Tensor, Tensor]:
+    """One new input x [B, C] of B sequences after their windows [B, C, K-1] -> (the conv's output [B, C] as HF's
+    decode computes it, a weighted sum over the window row by row; the new windows [B, C, K-1])."""
+    window = torch.cat([conv_state, x[:, :, None]], dim=2)  # [B, C, K]
+    out = (window * conv.weight[:, 0]).sum(-1)  # [B, C]
+    return (out + conv.bias if conv.bias is not None else out), window[:, :, 1:]
+
+
 class GatedRMSNorm(nn.Module):
     """y * silu(z), normalised per group of I / G channels in float32, times the weight (HF's gate-then-norm)."""
 
@@ -119,10 +136,7 @@ class Mamba2Mixer(nn.Module):
 
     def _conv(self, xbc: Tensor, state: MambaState) -> Tensor:
         """Causal depthwise conv + SiLU over xbc [L, C], the state's last K-1 inputs before it; updates them."""
-        window = torch.cat([state.conv, xbc.t()], dim=1)  # [C, K-1+L]
-        out = F.conv1d(window[None], self.conv1d.weight, self.conv1d.bias, groups=self.d.conv_dim)[0]  # [C, L]
-        state.conv = window[:, -(self.d.conv_kernel - 1):]
-        return F.silu(out.t())
+        return F.silu(causal_conv(xbc, state, self.conv1d))
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(conv window [C, K-1], matrix state [H, P, N]) of one sequence."""
@@ -162,10 +176,7 @@ class Mamba2Mixer(nn.Module):
         numbers do not depend on the others in the batch."""
         d, n = self.d, zxbcdt.shape[0]
         z, xbc, dt = zxbcdt.split([d.inner, d.conv_dim, d.heads], dim=-1)
-        window = torch.cat([conv, xbc[:, :, None]], dim=2)  # [B, C, K]
-        xbc = (window * self.conv1d.weight[:, 0]).sum(-1)  # [B, C]
-        if self.conv1d.bias is not None:
-            xbc = xbc + self.conv1d.bias
+        xbc, window = conv_step(conv, xbc, self.conv1d)  # [B, C], [B, C, K-1]
         x, b, c = F.silu(xbc).split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
         a = -torch.exp(self.A_log.float())  # [H]
         dt = F.softplus(dt.float() + self.dt_bias.float())  # [B, H]
@@ -174,4 +185,4 @@ class Mamba2Mixer(nn.Module):
         b, c = (t.float().view(n, d.groups, d.state).repeat_interleave(per, dim=1) for t in (b, c))  # [B, H, N]
         ssm = ssm * torch.exp(dt * a)[..., None, None] + (dt[..., None] * x32)[..., None] * b[:, :, None, :]
         y = (ssm * c[:, :, None, :]).sum(-1) + self.D.float()[:, None] * x32  # [B, H, P]
-        return self.norm(y.reshape(n, d.inner).to(zxbcdt.dtype), z), window[:, :, 1:], ssm
+        return self.norm(y.reshape(n, d.inner).to(zxbcdt.dtype), z), window, ssm
