@@ -93,7 +93,8 @@ def chunked_gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
     g, beta = (t.reshape(heads, n, chunk) for t in (g, beta))  # [H, n, Q]
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]  # [H, n, Q, d]
     cum = g.cumsum(dim=-1)  # [H, n, Q] log decay from the chunk's start
-    above = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    idx = torch.arange(chunk, device=q.device)
+    above = idx[None, :] > idx[:, None]  # [Q, Q] strictly above the diagonal
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(above, float("-inf")).exp()  # [H, n, Q, Q]
     system = (k_beta @ k.transpose(-1, -2)) * decay  # [H, n, Q, Q]; its strict lower part is the UT system
     intra = (q @ k.transpose(-1, -2)) * decay  # [H, n, Q, Q] causal, diagonal included

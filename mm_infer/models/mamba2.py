@@ -53,7 +53,8 @@ def _segsum(x: Tensor) -> Tensor:
     q = x.shape[-1]
     cum = torch.cumsum(x, dim=-1)
     out = cum[..., :, None] - cum[..., None, :]
-    return out.masked_fill(~torch.ones(q, q, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+    idx = torch.arange(q, device=x.device)
+    return out.masked_fill(idx[None, :] > idx[:, None], float("-inf"))  # above the diagonal
 
 
 def chunked_scan(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, state: Tensor,

@@ -61,7 +61,8 @@ class NemotronRouter(nn.Module):
         group_scores = per_group.topk(2, dim=-1).values.sum(-1)  # [N, G]
         groups = torch.topk(group_scores, cfg.topk_group, dim=-1, sorted=False).indices
         keep = torch.zeros_like(group_scores).scatter_(1, groups, 1.0).bool()  # [N, G]
-        choice = choice.masked_fill(~keep[..., None].expand_as(per_group).reshape_as(choice), float("-inf"))
+        dropped = keep[..., None].expand_as(per_group).reshape_as(choice).logical_not()  # [N, E]
+        choice = choice.masked_fill(dropped, float("-inf"))
         experts = torch.topk(choice, cfg.top_k, dim=-1, sorted=False).indices  # [N, k]
         weights = scores.gather(1, experts)
         if cfg.norm_topk_prob:
