@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mm_infer.models import nemotron_omni_config as omni
+from mm_infer.models import qwen35_config as q35
 from mm_infer.models.errors import UnknownArchitectureError, UnsupportedConfigError
 
 if TYPE_CHECKING:
@@ -276,8 +278,6 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
 
     Each value is resolved as transformers 5.24 resolves it for that architecture (see the helpers above).
     """
-    from mm_infer.models import nemotron_omni_config as omni
-
     archs = raw.get("architectures") or []
     if omni.RELEASED_CUSTOM in archs:
         raise UnknownArchitectureError(
@@ -285,12 +285,10 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
             "nano_nemotron_vl), which we do not serve; convert it to transformers' NemotronH_Omni_Reasoning_V3 "
             "(model_type nemotron_h_omni, one dynamic-resolution grid per image) and load that")
     if any(a in omni.ARCHITECTURES for a in archs) or (not archs and raw.get("model_type") == "nemotron_h_omni"):
-        return omni.omni_config(raw)
-    from mm_infer.models import qwen35_config as q35
-
+        return _omni_model_config(raw)
     kind35 = next((q35.ARCHITECTURES[a] for a in archs if a in q35.ARCHITECTURES), None)
     if kind35 is not None or (not archs and raw.get("model_type") in q35.ARCHITECTURES.values()):
-        return q35.qwen35_config(raw, kind35 or raw["model_type"])
+        return _qwen35_model_config(raw, kind35 or raw["model_type"])
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:
         by_type = {v: k for k, v in ARCHITECTURES.items()}
@@ -309,6 +307,47 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
         eos_token_id=_eos_token_id(raw, kind),
         **{key: _typed(raw, key, default, int, "") for key, default in TOKEN_IDS.items()},
     )
+
+
+def _omni_model_config(raw: dict[str, Any]) -> ModelConfig:
+    """Nemotron Omni: text.num_layers counts its attention layers (the KV cache holds only theirs). image_token_id
+    is `<image>` (images and videos fill it), video_token_id the `<video>` marker the processor expands,
+    vision_start/end the `<img>` / `</img>` ids around each run (from the tokenizer in load_config)."""
+    raw, t, section = omni.omni_section(raw)
+    lm, radio = section.lm, section.radio
+    text = TextConfig(vocab_size=lm.vocab_size, hidden_size=lm.hidden, intermediate_size=lm.intermediate,
+                      num_layers=sum(kind == "attention" for kind in lm.layers), num_heads=lm.heads,
+                      num_kv_heads=lm.kv_heads, rms_norm_eps=lm.eps, rope_theta=0.0, mrope_section=(0, 0, 0),
+                      attention_bias=False, head_dim_override=lm.head_dim)
+    vision = VisionConfig(kind="radio", depth=radio.layers, embed_dim=radio.hidden, num_heads=radio.heads,
+                          mlp_hidden=radio.mlp, hidden_act="gelu", out_dim=lm.hidden, patch_size=radio.patch,
+                          temporal_patch_size=radio.temporal_patch or 2, in_channels=3, spatial_merge_size=2)
+    eos = t.get("eos_token_id", raw.get("eos_token_id"))
+    unset = lambda v: -1 if v is None else int(v)  # noqa: E731
+    return ModelConfig("NemotronH_Omni_Reasoning_V3", "nemotron_h_omni", text, vision,
+                       bool(t.get("tie_word_embeddings", False)), int(raw["image_token_id"]),
+                       unset(raw.get("video_token_id")), unset(section.image_start_token_id),
+                       unset(section.image_end_token_id), tuple(eos) if isinstance(eos, list) else eos, omni=section)
+
+
+def _qwen35_model_config(raw: dict[str, Any], kind: str) -> ModelConfig:
+    """Qwen3.5: text.num_layers counts the full-attention layers (the KV cache holds only theirs); the DeltaNet dims
+    and layer pattern are on `.qwen35`; the tower is Qwen3-VL's without DeepStack."""
+    t, section, theta, mrope = q35.qwen35_section(raw, kind)
+    moe = (MoEConfig(t["num_experts"], t["num_experts_per_tok"], t["moe_intermediate_size"])
+           if kind == "qwen3_5_moe" else None)
+    text = TextConfig(vocab_size=t["vocab_size"], hidden_size=t["hidden_size"],
+                      intermediate_size=t.get("intermediate_size", 0), num_layers=len(section.attention_layers),
+                      num_heads=t["num_attention_heads"], num_kv_heads=t["num_key_value_heads"],
+                      rms_norm_eps=t["rms_norm_eps"], rope_theta=theta, mrope_section=mrope,  # type: ignore[arg-type]
+                      hidden_act=t["hidden_act"], attention_bias=bool(t["attention_bias"]), qk_norm=True,
+                      mrope_interleaved=True, head_dim_override=t["head_dim"], moe=moe)
+    vision = dict(raw.get("vision_config") or {}, deepstack_visual_indexes=[])
+    eos = raw.get("eos_token_id", t.get("eos_token_id"))
+    return ModelConfig(next(a for a, k in q35.ARCHITECTURES.items() if k == kind), kind, text,
+                       _vision_config("qwen3_vl", vision), bool(raw.get("tie_word_embeddings", False)),
+                       eos_token_id=tuple(eos) if isinstance(eos, list) else eos, qwen35=section,
+                       **{key: int(raw.get(key, default)) for key, default in q35.TOKEN_IDS.items()})
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:

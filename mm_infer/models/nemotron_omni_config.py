@@ -1,18 +1,16 @@
-"""Nemotron Omni's config.json (HF `nemotron_h_omni`, released or transformers names) -> a ModelConfig whose `omni`
-section holds the hybrid LM, the RADIO tower and the projector, with HF 5.24's legacy-name rules and our refusals."""
+"""Nemotron Omni's config.json (HF `nemotron_h_omni`, released or transformers names) -> the `omni` section of its
+ModelConfig (the hybrid LM, the RADIO tower, the projector, the audio tower), with HF 5.24's legacy-name rules and our
+refusals."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mm_infer.models.errors import UnsupportedConfigError
 from mm_infer.models.nemotron_h import NemotronHConfig
 from mm_infer.models.parakeet import AudioEncoderConfig
 from mm_infer.models.radio import RadioConfig
-
-if TYPE_CHECKING:
-    from mm_infer.models.config import ModelConfig
 
 ARCHITECTURES = {"NemotronH_Omni_Reasoning_V3": "nemotron_h_omni"}
 RELEASED_CUSTOM = "NemotronH_Nano_Omni_Reasoning_V3"  # the hub's custom-code form (vLLM's nano_nemotron_vl)
@@ -79,13 +77,9 @@ def _refusals(raw: dict[str, Any], text: dict[str, Any]) -> None:
         raise UnsupportedConfigError("nemotron_h moe_latent_size (latent MoE projections) is not supported")
 
 
-def omni_config(raw: dict[str, Any]) -> ModelConfig:
-    """A `nemotron_h_omni` config dict -> ModelConfig (kind "nemotron_h_omni"), refusing what we cannot run exactly.
-
-    image_token_id is `<image>` (images and videos fill it), video_token_id the `<video>` marker the processor
-    expands, vision_start/end the `<img>` / `</img>` ids around each run."""
-    from mm_infer.models.config import ModelConfig, TextConfig, VisionConfig
-
+def omni_section(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], OmniConfig]:
+    """A `nemotron_h_omni` config dict -> (the dict with HF's legacy names resolved, its text section, the Omni
+    section), refusing what we cannot run exactly; config.py builds the ModelConfig around them."""
     raw = _resolved(raw)
     t = dict(raw.get("text_config") or {})
     _refusals(raw, t)
@@ -95,24 +89,10 @@ def omni_config(raw: dict[str, Any]) -> ModelConfig:
     if raw.get("vision_hidden_size", radio.hidden) != radio.hidden:
         raise UnsupportedConfigError(f"vision_hidden_size {raw['vision_hidden_size']} differs from the tower's "
                                      f"hidden_size {radio.hidden}")
+    if raw.get("image_token_id") is None:
+        raise UnsupportedConfigError("nemotron_h_omni config names no image_token_id (img_context_token_id)")
     omni = OmniConfig(lm, radio, int(raw.get("projector_hidden_size", 4096)),
                       int(t.get("num_nextn_predict_layers", 0)) > 0, float(raw.get("video_pruning_rate", 0.0)),
                       raw.get("image_start_token_id"), raw.get("image_end_token_id"), _audio(raw),
                       raw.get("audio_token_id"))
-    attn = sum(kind == "attention" for kind in lm.layers)
-    text = TextConfig(vocab_size=lm.vocab_size, hidden_size=lm.hidden, intermediate_size=lm.intermediate,
-                      num_layers=attn, num_heads=lm.heads, num_kv_heads=lm.kv_heads, rms_norm_eps=lm.eps,
-                      rope_theta=0.0, mrope_section=(0, 0, 0), attention_bias=False, head_dim_override=lm.head_dim)
-    vision = VisionConfig(kind="radio", depth=radio.layers, embed_dim=radio.hidden, num_heads=radio.heads,
-                          mlp_hidden=radio.mlp, hidden_act="gelu", out_dim=lm.hidden, patch_size=radio.patch,
-                          temporal_patch_size=temporal, in_channels=3, spatial_merge_size=2)
-    ids = {key: raw.get(key) for key in ("image_token_id", "video_token_id")}
-    if ids["image_token_id"] is None:
-        raise UnsupportedConfigError("nemotron_h_omni config names no image_token_id (img_context_token_id)")
-    eos = t.get("eos_token_id", raw.get("eos_token_id"))
-    return ModelConfig("NemotronH_Omni_Reasoning_V3", "nemotron_h_omni", text, vision,
-                       bool(t.get("tie_word_embeddings", False)), int(ids["image_token_id"]),
-                       int(ids["video_token_id"] if ids["video_token_id"] is not None else -1),
-                       int(omni.image_start_token_id if omni.image_start_token_id is not None else -1),
-                       int(omni.image_end_token_id if omni.image_end_token_id is not None else -1),
-                       tuple(eos) if isinstance(eos, list) else eos, omni=omni)
+    return raw, t, omni

@@ -15,6 +15,7 @@ from mm_infer.models.language import DeepStack
 from mm_infer.models.layers import FusedLinear, GatedMLP, apply_rotary, mrope_cos_sin, rope_inv_freq
 from mm_infer.models.moe import SparseMoE
 from mm_infer.models.qwen35_config import GDN_CHUNK, Qwen35Config
+from mm_infer.models.qwen_names import hf_target
 from mm_infer.models.recurrent_batch import RecurrentBatch, StatePool
 
 
@@ -133,6 +134,4 @@ class Qwen35TextModel(nn.Module):
 def qwen35_target(name: str) -> tuple[str, int | None] | None:
     """The loader's mapping for Qwen3.5: the Qwen names (hf_target), the hub's MTP head skipped by name as
     transformers skips it (`^mtp.*`)."""
-    from mm_infer.models.loader import hf_target
-
     return None if name.startswith("mtp.") else hf_target(name)

@@ -1,16 +1,13 @@
-"""Qwen3.5 / Qwen3.5-MoE config.json (HF `qwen3_5`, `qwen3_5_moe`) -> a ModelConfig whose `qwen35` section holds the
-hybrid LM (gated DeltaNet and gated full-attention layers, partial interleaved M-RoPE), with transformers 5.24's
-defaults and rules; the vision tower is Qwen3-VL's without DeepStack."""
+"""Qwen3.5 / Qwen3.5-MoE config.json (HF `qwen3_5`, `qwen3_5_moe`) -> the text section and the `qwen35` section of its
+ModelConfig (the hybrid LM: gated DeltaNet and gated full-attention layers, partial interleaved M-RoPE), with
+transformers 5.24's defaults and rules; the vision tower is Qwen3-VL's without DeepStack."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mm_infer.models.errors import UnsupportedConfigError
-
-if TYPE_CHECKING:
-    from mm_infer.models.config import ModelConfig
 
 ARCHITECTURES = {"Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {  # configuration_qwen3_5[_moe].py class defaults
@@ -66,31 +63,16 @@ def _rope(t: dict[str, Any], head_dim: int) -> tuple[float, tuple[int, int, int]
     return float(rope.get("rope_theta", t.get("rope_theta", 10000.0))), section, rotary  # type: ignore[return-value]
 
 
-def qwen35_config(raw: dict[str, Any], kind: str) -> ModelConfig:
-    """A `qwen3_5` / `qwen3_5_moe` config dict -> ModelConfig. text.num_layers counts the full-attention layers (the
-    KV cache holds only theirs); the DeltaNet dims and layer pattern are on `.qwen35`."""
-    from mm_infer.models.config import ModelConfig, MoEConfig, TextConfig, _vision_config
-
+def qwen35_section(raw: dict[str, Any], kind: str) -> tuple[dict[str, Any], Qwen35Config, float, tuple[int, ...]]:
+    """A `qwen3_5` / `qwen3_5_moe` config dict -> (its text section with transformers' defaults, the Qwen3.5 section,
+    rope theta, mrope_section); config.py builds the ModelConfig around them."""
     t = {**TEXT_DEFAULTS[kind], **COMMON, **(raw.get("text_config") or {})}
     types = _layer_types(t)
     theta, section, rotary = _rope(t, t["head_dim"])
-    moe = (MoEConfig(t["num_experts"], t["num_experts_per_tok"], t["moe_intermediate_size"])
-           if kind == "qwen3_5_moe" else None)
-    text = TextConfig(vocab_size=t["vocab_size"], hidden_size=t["hidden_size"],
-                      intermediate_size=t.get("intermediate_size", 0), num_layers=types.count("full_attention"),
-                      num_heads=t["num_attention_heads"], num_kv_heads=t["num_key_value_heads"],
-                      rms_norm_eps=t["rms_norm_eps"], rope_theta=theta, mrope_section=section,
-                      hidden_act=t["hidden_act"], attention_bias=bool(t["attention_bias"]), qk_norm=True,
-                      mrope_interleaved=True, head_dim_override=t["head_dim"], moe=moe)
     q35 = Qwen35Config(types, t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"],
                        t["linear_value_head_dim"], t["linear_conv_kernel_dim"], rotary,
-                       t.get("shared_expert_intermediate_size", 0) if moe else 0)
+                       t.get("shared_expert_intermediate_size", 0) if kind == "qwen3_5_moe" else 0)
     if q35.value_heads % q35.key_heads:
         raise UnsupportedConfigError(f"linear_num_value_heads {q35.value_heads} is not a multiple of "
                                      f"linear_num_key_heads {q35.key_heads}")
-    vision = dict(raw.get("vision_config") or {}, deepstack_visual_indexes=[])
-    eos = raw.get("eos_token_id", t.get("eos_token_id"))
-    return ModelConfig(next(a for a, k in ARCHITECTURES.items() if k == kind), kind, text,
-                       _vision_config("qwen3_vl", vision), bool(raw.get("tie_word_embeddings", False)),
-                       eos_token_id=tuple(eos) if isinstance(eos, list) else eos, qwen35=q35,
-                       **{key: int(raw.get(key, default)) for key, default in TOKEN_IDS.items()})
+    return t, q35, theta, section
