@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from mm_infer.models.half_linear import Linear
 from mm_infer.models.layers import FusedLinear, activation
-from mm_infer.models.mamba2 import MambaState, causal_conv
+from mm_infer.models.mamba2 import MambaState, RecurrentMixer, causal_conv
 
 L2_EPS = 1e-6  # inside the rsqrt, as HF's (and FLA's) l2norm
 
@@ -143,7 +143,7 @@ class NormThenGate(nn.Module):
         return x.to(y.dtype).view(y.shape)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(RecurrentMixer):
     def __init__(self, d: GatedDeltaDims) -> None:
         super().__init__()
         assert d.value_heads % d.key_heads == 0, "each key head serves a whole number of value heads"
@@ -162,20 +162,13 @@ class GatedDeltaNet(nn.Module):
         d = self.d
         return (d.conv_dim, d.conv_kernel - 1), (d.value_heads, d.key_dim, d.value_dim)
 
-    def forward(self, h: Tensor, state: MambaState, decode: bool = False) -> Tensor:
-        """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances."""
-        return self.out_proj(self.mix(self.in_proj(h), state, decode))
-
     def mix(self, proj: Tensor, state: MambaState, decode: bool = False) -> Tensor:
         """in_proj's output for one sequence's tokens [L, W] -> the gated, normed output [L, nv*dv] (what out_proj
         takes); the state advances. A decode step (one generated token) takes the recurrence; prompt tokens, however
         few, the chunked rule continuing from state.ssm (HF's prefill path)."""
         d = self.d
         if decode:
-            assert proj.shape[0] == 1, "a decode step is one token"
-            out, conv, ssm = self.step_batch(proj, state.conv[None], state.ssm[None])
-            state.conv, state.ssm = conv[0], ssm[0]
-            return out
+            return self.decode_one(proj, state)
         qkv, z, b, a = proj.split(d.parts, dim=-1)
         q, k, v = self._heads(self.act(causal_conv(qkv, state, self.conv1d)))  # [L, nv, dk], [L, nv, dk], [L, nv, dv]
         q, k = normed_qk(q, k, decode=False)

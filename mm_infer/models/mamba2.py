@@ -123,7 +123,32 @@ class GatedRMSNorm(nn.Module):
         return self.weight * g.view_as(h).to(y.dtype)
 
 
-class Mamba2Mixer(nn.Module):
+class RecurrentMixer(nn.Module):
+    """What RecurrentBatch drives in a recurrent layer (Mamba-2 here, the gated DeltaNet too): `in_proj` over the
+    whole batch, `mix` per sequence (`step_batch` for decode steps), `out_proj` over the batch."""
+
+    in_proj: nn.Module
+    out_proj: nn.Module
+
+    def forward(self, h: Tensor, state: MambaState, decode: bool = False) -> Tensor:
+        """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances."""
+        return self.out_proj(self.mix(self.in_proj(h), state, decode))
+
+    def mix(self, proj: Tensor, state: MambaState, decode: bool = False) -> Tensor:
+        raise NotImplementedError
+
+    def step_batch(self, proj: Tensor, conv: Tensor, ssm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        raise NotImplementedError
+
+    def decode_one(self, proj: Tensor, state: MambaState) -> Tensor:
+        """One generated token of one sequence through step_batch; the state advances."""
+        assert proj.shape[0] == 1, "a decode step is one token"
+        out, conv, ssm = self.step_batch(proj, state.conv[None], state.ssm[None])
+        state.conv, state.ssm = conv[0], ssm[0]
+        return out
+
+
+class Mamba2Mixer(RecurrentMixer):
     def __init__(self, d: Mamba2Dims) -> None:
         super().__init__()
         self.d = d
@@ -144,10 +169,6 @@ class Mamba2Mixer(nn.Module):
         d = self.d
         return (d.conv_dim, d.conv_kernel - 1), (d.heads, d.head_dim, d.state)
 
-    def forward(self, h: Tensor, state: MambaState, decode: bool = False) -> Tensor:
-        """One sequence's tokens h [L, hidden] after those the state has seen -> [L, hidden]; the state advances."""
-        return self.out_proj(self.mix(self.in_proj(h), state, decode))
-
     def mix(self, zxbcdt: Tensor, state: MambaState, decode: bool = False) -> Tensor:
         """in_proj's output for one sequence's tokens [L, I + C + H] -> the gated, normed scan output [L, I] (what
         out_proj takes); the state advances. The projections run over the whole batch (row-invariant GEMMs), this
@@ -155,10 +176,7 @@ class Mamba2Mixer(nn.Module):
         however few, the chunked scan with dt clamped, as HF does."""
         d = self.d
         if decode:
-            assert zxbcdt.shape[0] == 1, "a decode step is one token"
-            out, conv, ssm = self.step_batch(zxbcdt, state.conv[None], state.ssm[None])
-            state.conv, state.ssm = conv[0], ssm[0]
-            return out
+            return self.decode_one(zxbcdt, state)
         z, xbc, dt = zxbcdt.split([d.inner, d.conv_dim, d.heads], dim=-1)
         x, b, c = self._conv(xbc, state).split([d.inner, d.groups * d.state, d.groups * d.state], dim=-1)
         a = -torch.exp(self.A_log.float())  # [H]
