@@ -107,6 +107,9 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs (the static decode path still runs, eagerly)
     # R3: every finished sample carries its tokens' MoE routing (vLLM's --enable-return-routed-experts); MoE only
     enable_return_routed_experts: bool = False
+    tensor_parallel_size: int = 1  # ranks (processes) one model is split over (mm_infer/parallel)
+    # tensor parallelism: all-reduces add the ranks' partial sums in rank order (batch- and algorithm-independent)
+    tp_deterministic: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
@@ -119,7 +122,7 @@ class EngineConfig:
                                                  StructuredConfig: {}}
         top: dict[str, object] = {}
         top_names = {"dtype", "device", "seed", "weight_version", "cpu_threads", "cpu_threads_heavy", "batch_invariant",
-                     "enforce_eager", "enable_return_routed_experts"}
+                     "enforce_eager", "enable_return_routed_experts", "tensor_parallel_size", "tp_deterministic"}
         for key, value in options.items():
             owner = next((cls for cls in groups if key in cls.__dataclass_fields__), None)
             if owner is not None:

@@ -44,6 +44,16 @@ class LLM:
         self.startup_seconds = time.perf_counter() - start
         self._counter = 0
 
+    def close(self) -> None:
+        """Stop what the engine runs outside this process (its tensor-parallel ranks)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
@@ -91,15 +101,11 @@ class LLM:
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep: level 1 frees the KV pool and encoder cache and offloads the weights to host memory;
         level 2 discards the weights too (wake_up, then update_weights every weight, before generating)."""
-        from mm_infer.engine.control.sleep import sleep
-
-        sleep(self.engine, level)
+        self.engine.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Bring back what `tags` names: "weights", "kv_cache" (default: both)."""
-        from mm_infer.engine.control.sleep import wake_up
-
-        wake_up(self.engine, tags)
+        self.engine.wake_up(tags)
 
     def update_weights(self, named_tensors: Any, version: int | None = None) -> int:
         """Load (HF name, tensor) pairs in place, either naming layout; bumps and returns weight_version.

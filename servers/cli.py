@@ -19,7 +19,7 @@ ENGINE_FLAGS = ("dtype", "max_model_len", "num_kv_blocks", "max_num_seqs", "max_
                 "kv_cache_memory_bytes", "gpu_memory_utilization", "device", "block_size", "enable_prefix_caching",
                 "enforce_eager", "video_sampler", "mrope_after_video", "max_grammar_bytes", "grammar_timeout_s",
                 "grammar_cache_bytes", "long_prefill_token_threshold", "enable_return_routed_experts",
-                "state_snapshots")
+                "state_snapshots", "tensor_parallel_size", "tp_deterministic")
 log = logging.getLogger("mm_infer.server")
 
 

@@ -228,6 +228,11 @@ def _add_engine_flags(srv: argparse.ArgumentParser) -> None:
                           "forks, out of the KV budget (default: --max-num-seqs)")
     srv.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                      help="no CUDA graphs for decode steps")
+    srv.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                     help="ranks (one process and device each) the model is split over, Megatron-style (default 1)")
+    srv.add_argument("--tp-deterministic", action=argparse.BooleanOptionalAction, default=None,
+                     help="tensor parallelism: add the ranks' partial sums in rank order, so results do not depend "
+                          "on the batch or the all-reduce algorithm")
     srv.add_argument("--batch-invariant", action="store_true",
                      help="a request's tokens and logprobs identical alone or in any batch (slower on CPU)")
     srv.add_argument("--enable-return-routed-experts", action=argparse.BooleanOptionalAction, default=None,

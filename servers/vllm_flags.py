@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-ONE_DEVICE = "mm-infer runs one device per engine (use --replicas N for N engines)"
+ONE_DEVICE = "mm-infer splits a model by --tensor-parallel-size only (use --replicas N for N engines)"
 
 # vLLM flags that do not change outputs here: accepted with a warning. Switches: name, why it does not matter
 IGNORED_SWITCHES: tuple[tuple[str, str], ...] = (
@@ -68,7 +68,6 @@ IGNORED_VALUES: tuple[tuple[tuple[str, ...], bool, str], ...] = (
 )
 # names, the values honoured as they are (vLLM's defaults; none: any value is refused), why the rest are refused
 RESTRICTED: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
-    (("tensor-parallel-size", "-tp"), ("1",), ONE_DEVICE),
     (("pipeline-parallel-size", "-pp"), ("1",), ONE_DEVICE),
     (("data-parallel-size", "-dp"), ("1",), ONE_DEVICE),
     (("quantization", "-q"), ("", "None"), "mm-infer serves unquantized weights only"),

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from mm_infer.config import EngineConfig
+from mm_infer.engine.control.sleep import sleep, wake_up
 from mm_infer.engine.control.sleep_state import EngineAsleepError, SleepState
 from mm_infer.engine.errors import NONFINITE_MODEL, NONFINITE_PARAMS, RequestError, step_failure
 from mm_infer.engine.outputs.detokenizer import IncrementalDetokenizer
@@ -31,6 +32,7 @@ from mm_infer.engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from mm_infer.engine.scheduling.sequence import RequestMetrics, Sequence, SequenceGroup
 from mm_infer.engine.scheduling.state_slots import state_slots
 from mm_infer.models import load_model
+from mm_infer.parallel.group import RankGroup, RankLostError, rank_device
 from mm_infer.prompt.placeholders import PromptError
 from mm_infer.prompt.preparer import Prompt, PromptPreparer
 from mm_infer.prompt.request import VLMRequest
@@ -44,13 +46,14 @@ COMPILE: Any = object()  # add_request's default: compile the request's grammar 
 class LLMEngine:
     """One model on one device; call step() until has_unfinished() is False."""
 
-    def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
+    def __init__(self, config: EngineConfig, tokenizer: Any = None, group: RankGroup | None = None) -> None:
+        """`group`: this engine is one tensor-parallel rank (parallel/leader.py and follower.py make them)."""
         self.config = config
         if config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)
-        device = pick_device(config.device)
+        device = rank_device(pick_device(config.device), group)
         model_dir = Path(config.model_dir)
-        self.model, mcfg = load_model(model_dir, resolve_dtype(config.dtype, device), device)
+        self.model, mcfg = load_model(model_dir, resolve_dtype(config.dtype, device), device, group)
         self.preparer = PromptPreparer(model_dir, config.media, tokenizer, mcfg)
         self.tokenizer = self.preparer.tokenizer
         cache = config.cache
@@ -59,6 +62,8 @@ class LLMEngine:
         state_bytes = states.total * self.model.state_bytes_per_slot() if states else 0
         num_blocks = kv_pool_blocks(config, device, per_block, lambda: cuda_kv_budget(self.model, config, per_block),
                                     state_bytes)
+        if group is not None:  # every rank schedules the same blocks: the smallest pool any rank holds
+            num_blocks = group.min_int(num_blocks)
         self.runtime = build_runtime(config, mcfg, self.preparer.placeholder_ids, num_blocks, per_block)
         self.encoder_cache = EncoderCache(cache.encoder_cache_items, config.weight_version, cache.encoder_cache_bytes)
         self.block_manager = BlockManager(self.runtime.num_kv_blocks, cache.block_size, cache.enable_prefix_caching,
@@ -100,7 +105,13 @@ class LLMEngine:
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:
-        return LLMEngine(EngineConfig.from_options(model_dir, **options), tokenizer)
+        """The engine for these options: one process, or (tensor_parallel_size > 1) rank 0 of its ranks."""
+        config = EngineConfig.from_options(model_dir, **options)
+        if config.tensor_parallel_size > 1:
+            from mm_infer.parallel.leader import LeaderEngine
+
+            return LeaderEngine(config, tokenizer)
+        return LLMEngine(config, tokenizer)
 
     # --- what outside code may ask of the engine ---------------------------------------------------------------
 
@@ -199,6 +210,8 @@ class LLMEngine:
         self.request_stats.scheduled(batch.chunks, time.perf_counter())
         try:
             result = self.runner.run(batch.chunks)
+        except RankLostError:
+            raise  # the ranks are out of step: no request is to blame, and no rerun can run
         except Exception as exc:
             error = step_failure(exc)
             with self.runner.states_frozen():  # the survivors' chunks are scheduled again: their states stay put
@@ -322,6 +335,16 @@ class LLMEngine:
         self.block_manager.reset_prefix_cache()
         self.sleep_state.note_refit(filled, {name for name, _ in self.model.named_parameters()})
         return filled
+
+    def sleep(self, level: int) -> SleepState:
+        """vLLM's sleep levels (engine/control/sleep.py); the engine must be idle."""
+        return sleep(self, level)
+
+    def wake_up(self, tags: Iterable[str] | None = None) -> SleepState:
+        return wake_up(self, tags)
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process (tensor-parallel ranks); nothing to do here."""
 
     def reset_caches(self) -> None:
         """Forget cached vision embeddings and prefix KV (running requests keep their own blocks)."""

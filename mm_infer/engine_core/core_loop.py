@@ -14,6 +14,7 @@ import torch
 
 from mm_infer.engine.control.ops import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
+from mm_infer.parallel.group import RankLostError
 from mm_infer.engine.outputs.request_output import RequestOutput
 from mm_infer.engine.runner.host_allocator import keep_step_memory
 from mm_infer.engine_core import wire
@@ -152,6 +153,9 @@ class CoreLoop:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except RankLostError as exc:  # a tensor-parallel rank died: this process ends, its backend starts all anew
+            self.send(("broken", wire.portable_error(exc)))
+            raise
         except Exception as exc:  # the engine itself is broken: every open request fails, the loop goes on
             self.send(("broken", wire.portable_error(exc)))
             self.engine.abort_many(list(self.engine.groups))  # their abort outputs find no reader: dropped

@@ -8,15 +8,21 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from math import prod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from mm_infer.parallel.group import RankGroup
 
 from mm_infer.models.config import ModelConfig, load_config
 from mm_infer.models.errors import MissingTensorError, ShapeMismatchError, UnexpectedTensorError
 from mm_infer.models.qwen_names import EXPERTS, FUSED_PARTS, PATCH_EMBED, hf_target, hf_to_internal
 from mm_infer.models.qwen_vl import QwenVLModel
 from mm_infer.models.safetensors_map import adjacent_span, checkpoint_files, map_file, tensor_names
+from mm_infer.parallel.plan import local_config, shard_model
+from mm_infer.parallel.shard_spec import shard_of
 
 log = logging.getLogger(__name__)
 LM_HEAD, EMBED = "lm_head.weight", "language.embed_tokens.weight"
@@ -41,6 +47,15 @@ def _part_count(model: torch.nn.Module, name: str) -> int:
 
 def _fused_complete(model: torch.nn.Module, parts: Mapping[str, Mapping[int, Tensor | None]]) -> set[str]:
     return {name for name, got in parts.items() if len(got) == _part_count(model, name)}
+
+
+def stored_shape(model: torch.nn.Module, params: Mapping[str, Tensor], name: str, part: int | None
+                 ) -> tuple[int, ...]:
+    """The shape of the view a stored tensor fills, as the checkpoint has it: this rank's view, widened back to the
+    whole tensor when the parameter is sharded over tensor-parallel ranks."""
+    view = tuple(target_view(model, params, name, part).shape)
+    spec = shard_of(model, name)
+    return view if spec is None else spec.stored_shape(view, part)
 
 
 def _conversion(name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> str | None:
@@ -110,12 +125,14 @@ def _fitted(model: QwenVLModel, params: Mapping[str, Tensor], hf_name: str, name
             tensor: Tensor) -> tuple[Tensor, Tensor]:
     """(the parameter or part view the tensor fills, the tensor reshaped to fit it); ShapeMismatchError if none."""
     view = target_view(model, params, name, part)
-    how = _conversion(name, tuple(tensor.shape), tuple(view.shape))
+    spec = shard_of(model, name)
+    want = tuple(view.shape) if spec is None else spec.stored_shape(tuple(view.shape), part)
+    how = _conversion(name, tuple(tensor.shape), want)
     if how is None:
-        raise ShapeMismatchError(f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(view.shape)}")
+        raise ShapeMismatchError(f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {want}")
     if how != "copy":
-        tensor = tensor.reshape(view.shape) if how == "flatten" else tensor.transpose(1, 2)
-    return view, tensor
+        tensor = tensor.reshape(want) if how == "flatten" else tensor.transpose(1, 2)
+    return view, tensor if spec is None else spec.take(tensor, part)
 
 
 def _fill_fused(model: QwenVLModel, params: Mapping[str, Tensor],
@@ -212,14 +229,26 @@ def tensor_target(model: torch.nn.Module):  # noqa: ANN201 - (str) -> (name, par
     return getattr(model, "tensor_target", hf_target)
 
 
+def _build(config: ModelConfig, group: RankGroup | None) -> torch.nn.Module:
+    """The family's model at the shapes this process holds: whole, or one tensor-parallel rank's shard."""
+    if group is None:
+        return model_class(config)(config)
+    model = model_class(config)(local_config(config, group.size))
+    shard_model(model, config, group)
+    return model
+
+
 def load_model(
-    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    group: RankGroup | None = None,
 ) -> tuple[QwenVLModel, ModelConfig]:
     """Build the model for config.json in `model_dir` and fill it from its safetensors files.
 
     Every parameter must be filled and every stored tensor must fill one (MissingTensorError,
     UnexpectedTensorError). A tied config follows transformers' tie_weights on what the files hold: lm_head absent
     -> tied; only lm_head stored -> it fills the embeddings; both stored -> tied if equal, untied otherwise.
+    A tensor-parallel rank (`group`) builds its shard (parallel/plan.py) and reads only its slice of each
+    sharded tensor from the mapped files.
     """
     config = load_config(model_dir)
     files = checkpoint_files(model_dir)
@@ -227,7 +256,7 @@ def load_model(
     both = config.tie_word_embeddings and LM_HEAD in stored and EMBED in stored
     built = replace(config, tie_word_embeddings=False) if both else config
     with torch.device("meta"):
-        model = model_class(built)(built)  # no allocation, no random init
+        model = _build(built, group)  # no allocation, no random init
     materialize(model, dtype, device)
     for name in getattr(model, "float32_parameters", lambda: [])():  # transformers' _keep_in_fp32_modules_strict
         materialize(model.get_submodule(name), torch.float32, device)
@@ -235,7 +264,7 @@ def load_model(
     if config.tie_word_embeddings and EMBED not in stored and LM_HEAD in stored:
         tensors = _renamed(tensors, LM_HEAD, "model.language_model.embed_tokens.weight")  # tie_weights' swap
     load_state_dict_into(model, tensors, strict=True, adopt=True)
-    if both:
+    if both and group is None:  # a rank holds a slice of lm_head: kept untied (the same values either way)
         config = _settle_tie(model, config)
         model.config = config
     model.requires_grad_(False).eval()

@@ -3,6 +3,8 @@ hybrid LM with its recurrent state), LM head."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -50,6 +52,7 @@ class QwenVLModel(nn.Module):
             if config.tie_word_embeddings
             else Linear(config.text.hidden_size, config.text.vocab_size, bias=False)
         )
+        self.vocab_parallel: Callable[[Tensor, Tensor], Tensor] | None = None  # tensor parallelism: logits by rows
 
     @property
     def dtype(self) -> torch.dtype:
@@ -132,6 +135,8 @@ class QwenVLModel(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, D] -> float32 logits [N, V] (tied head reuses the embedding matrix)."""
         weight = self.language.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.vocab_parallel is not None:
+            return self.vocab_parallel(hidden, weight)
         return linear(hidden, weight).float()
 
     def forward(

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from mm_infer.models.loader import loadable_tensors, target_view, tensor_fits, tensor_target
+from mm_infer.models.loader import loadable_tensors, stored_shape, tensor_fits, tensor_target
 
 Bucket = list[tuple[str, Tensor]]
 
@@ -59,7 +59,7 @@ def plan_refit(model_dir: str | Path, model: torch.nn.Module) -> list[TensorEntr
                 if name not in params:
                     raise WeightFileError(f"{path.name}: tensor {key!r} maps to no parameter of this model")
                 shape = tuple(f.get_slice(key).get_shape())
-                want = tuple(target_view(model, params, name, part).shape)
+                want = stored_shape(model, params, name, part)
                 if not tensor_fits(name, shape, want):
                     raise WeightFileError(f"{path.name}: tensor {key!r} has shape {shape}, the model wants {want}")
                 entries.append(TensorEntry(key, path, prod(shape) * params[name].element_size()))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mm_infer.models.loader import loadable_tensors, target_view, tensor_fits, tensor_target
+from mm_infer.models.loader import loadable_tensors, stored_shape, tensor_fits, tensor_target
 from mm_infer.transfer.collective import BroadcastGroup, join_group
 from mm_infer.transfer.packing import DEFAULT_BUFFER_BYTES, DEFAULT_NUM_BUFFERS, TensorMeta, chunk_plan, unpack
 
@@ -54,7 +54,7 @@ def check_metas(model: torch.nn.Module, metas: Sequence[TensorMeta]) -> None:
         name, part = target
         if name not in params:
             raise ValueError(f"tensor {meta.name!r} maps to no parameter of this model")
-        want = tuple(target_view(model, params, name, part).shape)
+        want = stored_shape(model, params, name, part)
         if not tensor_fits(name, meta.shape, want):
             raise ValueError(f"tensor {meta.name!r} has shape {list(meta.shape)}, the model wants {list(want)}")
 

@@ -63,7 +63,8 @@ def test_kv_cache_bytes_read_vllms_form_and_ours():
     (["--tool-call-parser", "hermes", "--enable-auto-tool-choice"], ["--tool-parser", "hermes"]),
     (["--num-gpu-blocks-override", "64"], ["--num-kv-blocks", "64"]),
     (["--uvicorn-log-level", "warning"], ["--log-level", "warning"]),
-    (["--trust-request-mm-kwargs", "--trust-request-chat-template", "-tp", "1", "--quantization", "None",
+    (["-tp", "2"], ["--tensor-parallel-size", "2"]),
+    (["--trust-request-mm-kwargs", "--trust-request-chat-template", "-pp", "1", "--quantization", "None",
       "--kv-cache-dtype", "auto", "--no-enable-lora", "--tokenizer", str(CKPT)], []),
 ])
 def test_vllm_names_mean_our_names(vllm_line, our_line):
@@ -197,7 +198,7 @@ def test_flags_without_effect_start_the_server_with_a_warning_each(no_serving, c
 
 
 @pytest.mark.parametrize("line, named", [
-    (["-tp", "2"], "--tensor-parallel-size/-tp"), (["--tensor-parallel-size", "4"], "--tensor-parallel-size"),
+    (["-pp", "2"], "--pipeline-parallel-size/-pp"), (["--pipeline-parallel-size", "4"], "--pipeline-parallel-size"),
     (["-dp", "2"], "--replicas"), (["--quantization", "awq"], "--quantization"), (["--kv-cache-dtype", "fp8"], "fp8"),
     (["--enable-lora"], "--enable-lora"), (["--speculative-config", "{}"], "--speculative-config"),
     (["--mm-processor-kwargs", '{"max_pixels": 1}'], "--max-pixels"), (["--max-logprobs", "50"], "--max-logprobs"),

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from mm_infer.engine.control.sleep import sleep, wake_up
 from mm_infer.transfer.receiver import TransferInit, TransferUpdate, WeightReceiver
 
 if TYPE_CHECKING:
@@ -115,7 +114,7 @@ class EngineControl:
             JoinTransfer: lambda op: self.receiver.join(op.init),
             ReceiveWeights: lambda op: self.receiver.receive(op.update),
             CommitWeights: self._commit_weights, DiscardWeights: lambda op: self.receiver.discard(),
-            Sleep: lambda op: sleep(engine, op.level), WakeUp: lambda op: wake_up(engine, op.tags),
+            Sleep: lambda op: engine.sleep(op.level), WakeUp: lambda op: engine.wake_up(op.tags),
             SleepStatus: lambda op: engine.sleep_state}
 
     def apply(self, op: ControlOp) -> Any:

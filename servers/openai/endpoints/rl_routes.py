@@ -31,12 +31,18 @@ def server_info(state: ServerState, sleep: SleepControl) -> dict[str, Any]:
     world = facts.transfer_world_size
     return {"vllm_config": {"weight_transfer_config": transfer,
                             "model_config": {"model": cfg.model_dir, "max_model_len": facts.max_model_len},
-                            "parallel_config": {"data_parallel_size": world, "tensor_parallel_size": 1,
-                                                "world_size": 1},
+                            "parallel_config": {"data_parallel_size": world, "world_size": 1,
+                                                "tensor_parallel_size": tensor_parallel_size(cfg)},
                             "enable_sleep_mode": cfg.enable_sleep_mode},
             "weight_transfer_config": transfer, "world_size": world, "weight_version": state.backend.weight_version,
             "enable_sleep_mode": cfg.enable_sleep_mode, "is_sleeping": sleep.is_sleeping,
             "version": mm_infer.__version__}
+
+
+def tensor_parallel_size(config: ServerConfig) -> int:
+    """The ranks each engine splits the model over. Only rank 0 of an engine joins a weight-transfer group (it hands
+    the other ranks their slices), so the transfer world stays one rank per engine."""
+    return int(config.engine_options.get("tensor_parallel_size") or 1)
 
 
 def add_rl_routes(app: FastAPI, state: ServerState, sleep: SleepControl) -> None:

@@ -1,0 +1,82 @@
+"""Tensor parallelism at 2 ranks on gloo (one process each) against one process, on every tiny Qwen checkpoint:
+greedy ids equal, every logprob within 1e-5; the deterministic mode is batch-invariant; a refit lands on every
+rank; a killed rank fails the step with RankLostError, and its engine is not left half-alive."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+import torch
+from tp_cases import ENGINE, GREEDY, MODELS, max_logprob_gap, prompts, token_ids
+
+from mm_infer import LLM, SamplingParams
+from mm_infer.models import load_model
+from mm_infer.parallel.group import RankLostError
+
+CHECKPOINTS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-qwen3-vl-moe"]
+BOUND = 1e-5
+
+
+@pytest.fixture(scope="module", params=CHECKPOINTS)
+def pair(request) -> Iterator[tuple[str, LLM, LLM]]:
+    one = LLM(str(MODELS / request.param), **ENGINE)
+    with LLM(str(MODELS / request.param), tensor_parallel_size=2, **ENGINE) as two:
+        yield request.param, one, two
+
+
+def test_tp2_greedy_ids_and_logprobs_equal_tp1(pair):
+    name, one, two = pair
+    a, b = one.generate(prompts(), GREEDY), two.generate(prompts(), GREEDY)
+    assert [o.prompt_token_ids for o in a] == [o.prompt_token_ids for o in b]
+    assert token_ids(a) == token_ids(b)
+    gap = max_logprob_gap(a, b)
+    print(f"{name}: TP=2 against TP=1, largest logprob gap {gap:.2e}")
+    assert gap <= BOUND
+
+
+def test_a_refit_at_tp2_equals_the_same_refit_at_tp1(pair, tmp_path):
+    name, one, two = pair
+    whole, _ = load_model(MODELS / name)
+    gen = torch.Generator().manual_seed(5)
+    perturbed = [(f"model.language_model.{k.removeprefix('language.')}" if k.startswith("language.") else k,
+                  p + 0.05 * torch.randn(p.shape, generator=gen)) for k, p in whole.named_parameters()
+                 if k.startswith("language.layers.0.")]
+    before = two.generate(prompts()[:2], GREEDY)
+    for llm in (one, two):
+        llm.update_weights(perturbed, version=7)
+    a, b = one.generate(prompts()[:2], GREEDY), two.generate(prompts()[:2], GREEDY)
+    assert token_ids(a) == token_ids(b) and max_logprob_gap(a, b) <= BOUND
+    assert abs(before[0].prompt_logprobs[-1] - b[0].prompt_logprobs[-1]) > 1e-3, "the refit should change them"
+    assert two.weight_version == 7
+
+
+def test_deterministic_tp2_gives_a_request_the_same_bits_alone_and_in_a_batch_of_16():
+    target = prompts()[1]
+    others = [{"prompt": "word " * (3 + 5 * i)} for i in range(13)] + prompts()[2:]
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True, logprobs=5, prompt_logprobs=2)
+    with LLM(str(MODELS / "tiny-qwen2-vl"), tensor_parallel_size=2, tp_deterministic=True, batch_invariant=True,
+             **ENGINE) as llm:
+        alone = llm.generate([target], params)[0]
+        batch = llm.generate([*others[:7], target, *others[7:]], params)
+    together = batch[7]
+    assert len(batch) == 16 and together.prompt_token_ids == alone.prompt_token_ids
+    assert token_ids([together]) == token_ids([alone])
+    assert max_logprob_gap([together], [alone]) == 0.0  # bit for bit
+
+
+def test_a_killed_rank_fails_the_next_step_with_rank_lost_and_close_still_returns():
+    llm = LLM(str(MODELS / "tiny-qwen2-vl"), tensor_parallel_size=2, **ENGINE)
+    engine = llm.engine
+    engine.add_request("doomed", {"prompt": "a long answer"}, SamplingParams(max_tokens=200, ignore_eos=True))
+    engine.step()
+    follower = engine.followers[0]
+    os.kill(follower.pid, signal.SIGKILL)
+    follower.wait()
+    with pytest.raises(RankLostError, match="tensor-parallel rank is gone"):
+        for _ in range(200):
+            engine.step()
+    llm.close()
+    assert engine.followers == []
