@@ -14,12 +14,12 @@ import torch
 
 from mm_infer.engine.control.ops import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
-from mm_infer.parallel.group import RankLostError
 from mm_infer.engine.outputs.request_output import RequestOutput
 from mm_infer.engine.runner.host_allocator import keep_step_memory
 from mm_infer.engine_core import wire
 from mm_infer.engine_core.heap_trim import IdleTrimmer
 from mm_infer.owned_child import ignore_group_signals
+from mm_infer.parallel.group import RankLostError
 
 STATS_INTERVAL_S = 0.1  # gauges reach the server at most this often while the engine is busy
 GRAMMAR_POLL_S = 0.005  # how often an idle loop looks for compiled grammars while requests wait for theirs

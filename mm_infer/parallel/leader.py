@@ -39,7 +39,7 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=600)  # a model collective no rank answer
 
 def step_digest(engine: LLMEngine) -> int:
     """A checksum of every running sequence's length and last token: equal on ranks that sampled alike."""
-    state = [(seq.group.request_id, seq.index, len(seq.token_ids), seq.token_ids[-1]) for seq in engine.scheduler.running]
+    state = [(s.group.request_id, s.index, len(s.token_ids), s.token_ids[-1]) for s in engine.scheduler.running]
     return zlib.crc32(repr(state).encode())
 
 

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Query
 import mm_infer
 from servers.openai.bodies.errors import ApiError
 from servers.openai.bodies.weight_transfer import FinishRequest, InitRequest, TransferReply, UpdateRequest
+from servers.openai.config import ServerConfig
 from servers.openai.control.sleep import SleepControl
 from servers.openai.control.weight_transfer import TransferSession
 from servers.openai.state import ServerState
