@@ -38,7 +38,7 @@ def ensure_ray(config: PoolConfig) -> bool:
         ray.init(address=config.ray_address, log_to_driver=False)
         return True
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    ray.init(num_cpus=max(cores, int(config.num_replicas * config.num_cpus_per_replica + 0.999)),
+    ray.init(num_cpus=max(cores, int(config.num_replicas * config.ranks * config.num_cpus_per_replica + 0.999)),
              include_dashboard=False, log_to_driver=False)
     return True
 
@@ -56,7 +56,7 @@ class ReplicaPool(MetaReference):
     def __init__(self, config: PoolConfig) -> None:
         self._owns_ray = ensure_ray(config)
         if config.num_gpus_per_replica is None:  # the cluster's GPUs, not this node's: a head node may have none
-            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0  # per rank
             config = PoolConfig(**{**config.__dict__, "num_gpus_per_replica": gpus})
         self.config = config
         engine_config = EngineConfig.from_options(config.model_dir, **config.engine_options)

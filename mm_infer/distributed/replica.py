@@ -26,20 +26,21 @@ from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.request import VLMRequest
 
 
-def pin_process(index: int) -> int | None:
-    """Pin every thread of this process (Ray's own included) to core `index` modulo the cores this process may
-    use on its own node; threads started later inherit it. Returns the core (None where pinning is unsupported)."""
+def pin_process(index: int, width: int = 1) -> int | None:
+    """Pin every thread of this process (Ray's own included) to cores index * width .. + width - 1 modulo the cores
+    this process may use on its own node; threads and processes started later inherit them (a tensor-parallel
+    replica's other ranks). Returns the first core (None where pinning is unsupported)."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))
-    cpu = cores[index % len(cores)]
+    cpus = {cores[(index * width + i) % len(cores)] for i in range(width)}
     tasks = Path("/proc/self/task")
     for tid in [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]:
         try:
-            os.sched_setaffinity(tid, {cpu})
+            os.sched_setaffinity(tid, cpus)
         except OSError:  # a thread that just exited
             pass
-    return cpu
+    return cores[index * width % len(cores)]
 
 
 class EngineReplica:
@@ -49,8 +50,9 @@ class EngineReplica:
                  stream_interval_s: float = 0.02) -> None:
         keep_step_memory()  # the actor's process is ours
         if pin_cpu:
-            pin_process(index)
-            torch.set_num_threads(1)
+            ranks = int(options.get("tensor_parallel_size") or 1)
+            pin_process(index, ranks)
+            torch.set_num_threads(1)  # one per rank: LeaderEngine gives each rank this process's threads / ranks
         self.index = index
         self.core = LLMEngine.from_options(model_dir, **options)
         self.async_engine = AsyncEngine(self.core)

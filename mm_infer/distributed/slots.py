@@ -16,7 +16,7 @@ class PoolConfig:
     num_replicas: int = 2
     engine_options: dict[str, Any] = field(default_factory=dict)
     ray_address: str | None = None  # None: use the running Ray, or start a local one
-    pin_cpus: bool = True  # CPU replicas: replica i runs on core i (mod the cores Ray may use)
+    pin_cpus: bool = True  # CPU replicas: replica i runs on core i (cores i*k.. for k ranks; mod the cores Ray may use)
     num_cpus_per_replica: float = 1.0
     num_gpus_per_replica: float | None = None  # None: 1 when the Ray cluster has GPUs, else 0 (CPU replicas)
     health_interval_s: float = 1.0
@@ -31,6 +31,12 @@ class PoolConfig:
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+
+    @property
+    def ranks(self) -> int:
+        """Tensor-parallel ranks per replica: each replica reserves this many CPUs (or GPUs) on one node, where its
+        rank 0 (the actor) starts the others as its own child processes."""
+        return int(self.engine_options.get("tensor_parallel_size") or 1)
 
     @property
     def pins_cpus(self) -> bool:

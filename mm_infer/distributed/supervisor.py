@@ -44,8 +44,8 @@ class Supervisor:
 
     # start-up and restarts
     def _actor_class(self) -> Any:
-        gpus = self.config.num_gpus_per_replica or 0
-        return ray.remote(num_cpus=self.config.num_cpus_per_replica, num_gpus=gpus, max_restarts=0,
+        gpus = (self.config.num_gpus_per_replica or 0) * self.config.ranks  # every rank's device, on one node
+        return ray.remote(num_cpus=self.config.num_cpus_per_replica * self.config.ranks, num_gpus=gpus, max_restarts=0,
                           max_concurrency=1000)(EngineReplica)
 
     def _spawn(self, slot: ReplicaSlot) -> Any:

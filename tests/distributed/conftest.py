@@ -1,4 +1,5 @@
-"""Replica-test fixtures: one local Ray for the session (2 CPUs, as the CI machine has)."""
+"""Replica-test fixtures: one local Ray for the session (the CI machine's 2 cores, offered as 4 CPU slots so that 2
+replicas of 2 tensor-parallel ranks each fit)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import ray
 def local_ray() -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()
