@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.open_engine import open_engine
 from mm_infer.engine.outputs.request_output import RequestOutput
 from mm_infer.engine.sampling.params import SamplingParams
 from mm_infer.prompt.preparer import Prompt
@@ -40,7 +40,7 @@ class LLM:
 
     def __init__(self, model_dir: str, dtype: str = "auto", tokenizer: Any = None, **engine_options: Any) -> None:
         start = time.perf_counter()
-        self.engine = LLMEngine.from_options(model_dir, tokenizer=tokenizer, dtype=dtype, **engine_options)
+        self.engine = open_engine(model_dir, tokenizer=tokenizer, dtype=dtype, **engine_options)
         self.startup_seconds = time.perf_counter() - start
         self._counter = 0
 

@@ -3,7 +3,8 @@
 # (scripts/gpu/engine_check.py: CPU/CUDA parity, seeded groups, sampler and 7B-shaped decode timings).
 # Usage: bash scripts/gpu_check.sh [OUTDIR]   (default $OUT/gpu_check, else ./out/gpu_check)
 # Exits non-zero at once without CUDA. Timeouts (s): CUDA probe 20, env 10+15, tests 160, bench 80, vision
-# attention 25, engine 118, hybrid 40 (+2 s kill grace each): at most 480 s in all. Then TRL's NCCL weight sync (scripts/peers/trl_nccl_check.py): NCCL refuses
+# attention 25, engine 118, hybrid 40 (+2 s kill grace each): at most 480 s in all; the TP=2 check (90 s) runs only
+# with 2+ GPUs (one GPU: it skips in seconds). Then TRL's NCCL weight sync (scripts/peers/trl_nccl_check.py): NCCL refuses
 # two ranks of one communicator on one GPU, so with a single GPU it prints why and skips in seconds; with 2+ GPUs and
 # TRL_PYTHON (trl 1.16 + a CUDA vLLM) it runs, timeout 400 s (not yet timed on a GPU), outside the 8-minute one-GPU budget.
 set -uo pipefail
@@ -42,6 +43,10 @@ engine_rc=${PIPESTATUS[0]}
 timeout -k 2 40 "$PY" scripts/gpu/hybrid_check.py --json "$DEST/hybrid.json" 2>&1 | tee "$DEST/hybrid.txt"
 hybrid_rc=${PIPESTATUS[0]}
 
+# tensor parallelism: TP=2 over NCCL against TP=1 (needs 2 GPUs; with one it prints "tp: skipped: 1 GPU(s)" at once)
+timeout -k 2 90 "$PY" scripts/gpu/tp_check.py --json "$DEST/tp.json" 2>&1 | tee "$DEST/tp.txt"
+tp_rc=${PIPESTATUS[0]}
+
 # TRL's init_communicator + update_model_params into our NCCL server; one GPU: skipped here at once (NCCL would
 # refuse the trainer and the server as two ranks on one device)
 gpus=$(timeout 10 nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -53,5 +58,5 @@ else
   trl_rc=0
 fi
 
-echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc vision rc=$vision_rc engine rc=$engine_rc hybrid rc=$hybrid_rc trl_nccl rc=$trl_rc (logs in $DEST)" | tee "$DEST/summary.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$vision_rc" -eq 0 ] && [ "$engine_rc" -eq 0 ] && [ "$hybrid_rc" -eq 0 ] && [ "$trl_rc" -eq 0 ]
+echo "gpu_check: tests rc=$tests_rc bench rc=$bench_rc vision rc=$vision_rc engine rc=$engine_rc hybrid rc=$hybrid_rc tp rc=$tp_rc trl_nccl rc=$trl_rc (logs in $DEST)" | tee "$DEST/summary.txt"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$vision_rc" -eq 0 ] && [ "$engine_rc" -eq 0 ] && [ "$hybrid_rc" -eq 0 ] && [ "$tp_rc" -eq 0 ] && [ "$trl_rc" -eq 0 ]

@@ -18,7 +18,7 @@ from mm_infer.distributed.errors import portable_error
 from mm_infer.distributed.media_refs import attach
 from mm_infer.engine.async_engine import AsyncEngine
 from mm_infer.engine.control.ops import Bucket, CommitWeights, ControlOp, EngineControl, UpdateWeights
-from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.open_engine import open_engine
 from mm_infer.engine.outputs.edge import wire_kind
 from mm_infer.engine.outputs.request_output import RequestOutput, merge_delta
 from mm_infer.engine.runner.host_allocator import keep_step_memory
@@ -54,7 +54,7 @@ class EngineReplica:
             pin_process(index, ranks)
             torch.set_num_threads(1)  # one per rank: LeaderEngine gives each rank this process's threads / ranks
         self.index = index
-        self.core = LLMEngine.from_options(model_dir, **options)
+        self.core = open_engine(model_dir, **options)
         self.async_engine = AsyncEngine(self.core)
         self.engine_control = EngineControl(self.core, index)  # joins a transfer group at rank_offset + index
         self.stream_interval_s = stream_interval_s

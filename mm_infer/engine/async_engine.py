@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from mm_infer.engine.control.ops import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.errors import RequestFailedError
+from mm_infer.engine.open_engine import open_engine
 from mm_infer.engine.outputs.request_output import RequestOutput
 from mm_infer.engine.outputs.streams import Backpressure, OutputStream
 from mm_infer.engine.sampling.params import SamplingParams
@@ -42,7 +43,7 @@ class AsyncEngine:
 
     @staticmethod
     def from_options(model_dir: str, **options: Any) -> AsyncEngine:
-        return AsyncEngine(LLMEngine.from_options(model_dir, **options))
+        return AsyncEngine(open_engine(model_dir, **options))
 
     async def generate(self, prompt: str | Mapping[str, Any] | PromptInput | VLMRequest,
                        params: SamplingParams | None = None, request_id: str | None = None,

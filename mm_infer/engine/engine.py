@@ -48,6 +48,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, tokenizer: Any = None, group: RankGroup | None = None) -> None:
         """`group`: this engine is one tensor-parallel rank (parallel/leader.py and follower.py make them)."""
+        if config.tensor_parallel_size != (1 if group is None else group.size):
+            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size}: open the engine with "
+                             "mm_infer.engine.open_engine.open_engine (LLM and the servers do), which starts its ranks")
         self.config = config
         if config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)
@@ -105,13 +108,9 @@ class LLMEngine:
 
     @staticmethod
     def from_options(model_dir: str, tokenizer: Any = None, **options: Any) -> LLMEngine:
-        """The engine for these options: one process, or (tensor_parallel_size > 1) rank 0 of its ranks."""
-        config = EngineConfig.from_options(model_dir, **options)
-        if config.tensor_parallel_size > 1:
-            from mm_infer.parallel.leader import LeaderEngine
-
-            return LeaderEngine(config, tokenizer)
-        return LLMEngine(config, tokenizer)
+        """One process's engine; a tensor-parallel one comes from engine/open_engine.py (LLM and the servers
+        use it)."""
+        return LLMEngine(EngineConfig.from_options(model_dir, **options), tokenizer)
 
     # --- what outside code may ask of the engine ---------------------------------------------------------------
 
@@ -205,6 +204,7 @@ class LLMEngine:
         finish_reason "error" and the others run on."""
         outputs, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
+        self._check_batch(batch)
         if not batch.chunks:
             return outputs
         self.request_stats.scheduled(batch.chunks, time.perf_counter())
@@ -219,6 +219,10 @@ class LLMEngine:
             return outputs + [self._end(g, "error", error) for g in blamed]
         self.scheduler.update(batch, result.routing)
         return outputs + self._postprocess(batch, result)
+
+    def _check_batch(self, batch: SchedulerOutput) -> None:
+        """Tensor-parallel ranks make sure they scheduled the same batch before its forward (parallel/); one
+        process has nothing to check."""
 
     def _postprocess(self, batch: SchedulerOutput, result: StepOutput) -> list[RequestOutput]:
         """Record prompt logprobs, sample, append tokens and text, apply stop rules; outputs of advanced requests."""

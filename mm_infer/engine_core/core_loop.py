@@ -14,6 +14,7 @@ import torch
 
 from mm_infer.engine.control.ops import ControlOp, EngineControl, Freeze
 from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.open_engine import open_engine
 from mm_infer.engine.outputs.request_output import RequestOutput
 from mm_infer.engine.runner.host_allocator import keep_step_memory
 from mm_infer.engine_core import wire
@@ -197,7 +198,7 @@ def core_main(conn: Connection, model_dir: str, options: dict[str, Any]) -> None
     ignore_group_signals()
     keep_step_memory()
     try:
-        engine = LLMEngine.from_options(model_dir, **options)
+        engine = open_engine(model_dir, **options)
     except BaseException as exc:
         data, _ = wire.dumps(("startup_failed", wire.portable_error(exc)))
         conn.send_bytes(data)

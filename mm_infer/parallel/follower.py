@@ -15,8 +15,9 @@ from typing import Any
 from mm_infer.config import EngineConfig
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.runtime import pick_device
+from mm_infer.engine.scheduling.scheduler import SchedulerOutput
 from mm_infer.parallel.group import RankGroup, RankLostError
-from mm_infer.parallel.leader import COLLECTIVE_TIMEOUT, STARTUP_TIMEOUT, step_digest
+from mm_infer.parallel.leader import COLLECTIVE_TIMEOUT, STARTUP_TIMEOUT, batch_digest
 
 PARENT_POLL_S = 0.5
 
@@ -35,12 +36,24 @@ def _die_with_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class FollowerEngine(LLMEngine):
+    """A rank's engine: it checks each batch it schedules against rank 0's before running it."""
+
+    def __init__(self, config: EngineConfig, group: RankGroup) -> None:
+        super().__init__(config, group=group)
+        self.group = group
+
+    def _check_batch(self, batch: SchedulerOutput) -> None:
+        if self.group.receive() != batch_digest(batch):
+            raise RankLostError(f"rank {self.group.rank} scheduled a different batch from rank 0's: the ranks are "
+                                f"out of step (a call or a sampled token differed)")
+
+
 class Follower:
     """Applies each command of rank 0 to this rank's engine."""
 
     def __init__(self, engine: LLMEngine, group: RankGroup) -> None:
         self.engine, self.group = engine, group
-        self.digest = step_digest(engine)
         self.handlers: dict[str, Callable[..., Any]] = {
             "add": self.add, "step": self.step, "abort": engine.abort, "weights": engine.update_weights,
             "reset": engine.reset_caches, "sleep": engine.sleep, "wake": engine.wake_up}
@@ -57,15 +70,11 @@ class Follower:
         for seq, seed in zip(self.engine.groups[request_id].seqs, seeds, strict=True):
             seq.seed = seed
 
-    def step(self, held: list[str], leader_digest: int) -> None:
-        if leader_digest != self.digest:
-            raise RankLostError(f"rank {self.group.rank} sampled differently from rank 0 in the last step: the "
-                                f"ranks are out of step")
+    def step(self, held: list[str]) -> None:
         held_ids = set(held)
         for rid, g in self.engine.groups.items():
             g.held = rid in held_ids
         self.engine.step()
-        self.digest = step_digest(self.engine)
 
 
 def main() -> None:
@@ -77,7 +86,7 @@ def main() -> None:
     store = dist.TCPStore("127.0.0.1", port, config.tensor_parallel_size, False, timeout=STARTUP_TIMEOUT)
     group = RankGroup.open(store, rank, config.tensor_parallel_size, pick_device(config.device),
                            config.tp_deterministic, COLLECTIVE_TIMEOUT)
-    engine = LLMEngine(config, group=group)
+    engine = FollowerEngine(config, group)
     try:
         Follower(engine, group).serve()
     except RankLostError as exc:

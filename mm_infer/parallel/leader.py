@@ -4,8 +4,8 @@ call that changes engine state to the other ranks first, so every rank's schedul
 Every rank runs the same engine: the same scheduler over the same requests, the same model shard's forward, and
 the same sampler over the same logits (vocab-parallel logits are gathered whole on every rank) with the same
 seeds. So every rank samples the same token without a second broadcast, and the only traffic besides the model's
-collectives is the command of each call: a prepared request once, then one small message per step. A digest of
-each step's sampled tokens travels with the next step command, and a rank that disagrees stops (RankLostError)."""
+collectives is the command of each call: a prepared request once, then one small message per step. A checksum of
+each step's scheduled batch follows, before its forward; a rank whose own batch differs stops (RankLostError)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from mm_infer.engine.engine import COMPILE, LLMEngine
 from mm_infer.engine.outputs.request_output import RequestOutput
 from mm_infer.engine.runtime import pick_device
 from mm_infer.engine.sampling.params import SamplingParams
+from mm_infer.engine.scheduling.scheduler import SchedulerOutput
 from mm_infer.models.config import load_config
 from mm_infer.parallel.group import RankGroup, RankLostError
 from mm_infer.parallel.plan import check_splittable
@@ -37,10 +38,11 @@ STARTUP_TIMEOUT = timedelta(seconds=600)  # every rank has joined the group by t
 COLLECTIVE_TIMEOUT = timedelta(seconds=600)  # a model collective no rank answers within this fails
 
 
-def step_digest(engine: LLMEngine) -> int:
-    """A checksum of every running sequence's length and last token: equal on ranks that sampled alike."""
-    state = [(s.group.request_id, s.index, len(s.token_ids), s.token_ids[-1]) for s in engine.scheduler.running]
-    return zlib.crc32(repr(state).encode())
+def batch_digest(batch: SchedulerOutput) -> int:
+    """A checksum of a scheduled batch: each chunk's request, sample, span and last token. Equal on ranks that
+    scheduled alike, which they do only if every earlier call and sampled token was the same."""
+    chunks = [(c.seq.group.request_id, c.seq.index, c.start, c.end, c.seq.token_ids[-1]) for c in batch.chunks]
+    return zlib.crc32(repr(chunks).encode())
 
 
 class LeaderEngine(LLMEngine):
@@ -58,7 +60,6 @@ class LeaderEngine(LLMEngine):
             self._stop_followers()
             raise
         self.group = group
-        self._digest = step_digest(self)
 
     def _start(self, config: EngineConfig) -> RankGroup:
         """Host the rendezvous, start the followers, and open the groups (failing early if a follower dies)."""
@@ -103,10 +104,13 @@ class LeaderEngine(LLMEngine):
 
     def step(self) -> list[RequestOutput]:
         held = [rid for rid, g in self.groups.items() if g.held]  # slow readers, known only here
-        self.group.send(("step", held, self._digest))
-        outputs = super().step()
-        self._digest = step_digest(self)
-        return outputs
+        self.group.send(("step", held))
+        return super().step()
+
+    def _check_batch(self, batch: SchedulerOutput) -> None:
+        """Send this step's batch checksum; a rank that scheduled otherwise stops before the forward (no
+        collective of mismatched shapes ever starts)."""
+        self.group.send(batch_digest(batch))
 
     def abort(self, request_id: str) -> RequestOutput | None:
         out = super().abort(request_id)

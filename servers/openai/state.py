@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mm_infer.engine.engine import LLMEngine
+from mm_infer.engine.open_engine import open_engine
 from mm_infer.media import MediaLimits, MediaProcessor
 from mm_infer.prompt.preparer import PromptPreparer
 from mm_infer.prompt.template_workers import TemplateWorkers
@@ -59,7 +59,7 @@ def build_backend(config: ServerConfig) -> EngineBackend:
 
         return CoreProcessBackend(config.model_dir, options)
     if config.replicas is None:
-        return LocalBackend(LLMEngine.from_options(config.model_dir, **options))
+        return LocalBackend(open_engine(config.model_dir, **options))
     from mm_infer.distributed import PoolConfig, ReplicaPool  # Ray is imported only when asked for
 
     return ReplicaPool(PoolConfig(config.model_dir, config.replicas, options, ray_address=config.ray_address))

@@ -51,6 +51,27 @@ def test_a_refit_at_tp2_equals_the_same_refit_at_tp1(pair, tmp_path):
     assert token_ids(a) == token_ids(b) and max_logprob_gap(a, b) <= BOUND
     assert abs(before[0].prompt_logprobs[-1] - b[0].prompt_logprobs[-1]) > 1e-3, "the refit should change them"
     assert two.weight_version == 7
+    for llm in (one, two):
+        llm.update_weights_from_disk(str(MODELS / name))  # back to the checkpoint: each rank rereads its slices
+    restored = two.generate(prompts()[:2], GREEDY)
+    assert token_ids(restored) == token_ids(before) and max_logprob_gap(restored, before) == 0.0
+
+
+def test_sleep_wake_and_an_abort_mid_request_keep_the_ranks_in_step(pair):
+    name, one, two = pair
+    want = one.generate(prompts()[:1], GREEDY)
+    two.sleep(1)
+    two.wake_up()
+    engine = two.engine
+    long = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    engine.add_request("dropped", {"prompt": "This one is aborted"}, long)
+    for _ in range(3):
+        engine.step()
+    engine.abort("dropped")
+    while engine.has_unfinished():
+        engine.step()  # a rank that kept the aborted request would fail the next step's checksum
+    got = two.generate(prompts()[:1], GREEDY)
+    assert token_ids(got) == token_ids(want) and max_logprob_gap(got, want) <= BOUND
 
 
 def test_deterministic_tp2_gives_a_request_the_same_bits_alone_and_in_a_batch_of_16():

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from mm_infer.engine.control.sleep_state import EngineAsleepError, SleepState
 from mm_infer.models import packed_weights
 
-if TYPE_CHECKING:
-    from mm_infer.engine.engine import LLMEngine
-
 TAGS = ("weights", "kv_cache")
 
 
-def sleep(engine: LLMEngine, level: int) -> SleepState:
+class Sleeper(Protocol):
+    """What sleep and wake use of an LLMEngine (named here, not imported: the engine's sleep methods call these)."""
+
+    sleep_state: SleepState
+    sleep_kv_shape: Any
+    model: torch.nn.Module
+    runner: Any
+    block_manager: Any
+    encoder_cache: Any
+    num_waiting: int
+    num_running: int
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def has_unfinished(self) -> bool: ...
+
+
+def sleep(engine: Sleeper, level: int) -> SleepState:
     """Level 0: nothing released; 1: KV pool and encoder cache freed, weights to host; 2: weights discarded too.
     Needs an idle engine (pause first)."""
     state = engine.sleep_state
@@ -38,7 +53,7 @@ def sleep(engine: LLMEngine, level: int) -> SleepState:
     return state
 
 
-def wake_up(engine: LLMEngine, tags: Iterable[str] | None = None) -> SleepState:
+def wake_up(engine: Sleeper, tags: Iterable[str] | None = None) -> SleepState:
     """Bring back what `tags` names (both by default): weights (offloaded: their values; discarded: memory, to be
     refit) and the KV pool (empty: every prefix-cache entry is gone)."""
     state = engine.sleep_state
@@ -60,7 +75,7 @@ def wake_up(engine: LLMEngine, tags: Iterable[str] | None = None) -> SleepState:
     return state
 
 
-def _release_kv(engine: LLMEngine) -> None:
+def _release_kv(engine: Sleeper) -> None:
     """Drop the KV tensors (the KVCache object stays: static decode holds it), captured graphs and the caches."""
     kv = engine.runner.kv
     engine.sleep_kv_shape = (tuple(kv.k.shape), kv.k.dtype)
@@ -76,7 +91,7 @@ def _release_kv(engine: LLMEngine) -> None:
     _empty_device_cache(engine.device)
 
 
-def _restore_kv(engine: LLMEngine) -> None:
+def _restore_kv(engine: Sleeper) -> None:
     shape, dtype = engine.sleep_kv_shape
     kv = engine.runner.kv
     kv.k = torch.zeros(shape, dtype=dtype, device=engine.device)  # [layers, Hkv, slots, d]
