@@ -29,6 +29,12 @@ def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
     return aligned and (x.device.type == "cpu" or (x.is_cuda and x.dtype == torch.bfloat16))
 
 
+def expert_counts(flat: Tensor, num_experts: int) -> Tensor:
+    """[E] long: how many of the flat expert ids [M] name each expert, on their device with no host readback
+    (bincount reads the largest id back to size its output; a CUDA graph could not hold that)."""
+    return torch.zeros(num_experts, dtype=torch.long, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
+
+
 def grouped_linear(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
     """x [M, in] with rows grouped by expert (counts [E] rows each), w [E, out, in] -> [M, out]: one GEMM per group."""
     if _grouped_mm_ok(x, w):
@@ -107,7 +113,7 @@ class SparseMoE(nn.Module):
         flat = experts.reshape(-1)  # [N*k] expert of each (token, slot)
         order = torch.argsort(flat, stable=True)  # slots by expert, tokens ascending within one
         token = order // self.top_k  # [N*k]
-        counts = torch.bincount(flat, minlength=self.num_experts)  # [E]
+        counts = expert_counts(flat, self.num_experts)  # [E]
         grouped = (self.experts(x[token], counts) if not self.min_group_rows
                    else self.experts.forward_padded(x[token], counts, self.min_group_rows))  # [N*k, H]
         rows = grouped * weights.reshape(-1)[order, None]  # [N*k, H]

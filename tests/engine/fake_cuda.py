@@ -85,7 +85,7 @@ class CudaIndexing(TorchFunctionMode):
 def _load_on_fake_cuda(mode: FakeTensorMode):
     """load_model's stand-in: read the checkpoint on the real CPU, then map every parameter to fake cuda:0."""
 
-    def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device):
+    def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device, group: object = None):
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             model, config = load_model(model_dir, dtype, "cpu")
         for module in model.modules():
@@ -142,6 +142,6 @@ def fake_cuda_engine(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **options
     monkeypatch.setattr(SampledTokens, "readback", lambda self: readbacks(self))
     monkeypatch.setattr(engine_module, "step_failure", _reraise)  # a device fault fails the test, not one request
     with on_device():
-        engine = LLMEngine.from_options(str(model_dir), device="cuda:0", dtype="float32", enforce_eager=True,
-                                        **{"num_kv_blocks": 64, **options})
+        engine = LLMEngine.from_options(str(model_dir), device="cuda:0", enforce_eager=True,
+                                        **{"num_kv_blocks": 64, "dtype": "float32", **options})
     yield engine, on_device, readbacks

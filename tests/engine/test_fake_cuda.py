@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_cases import CKPT, CKPT25, case
+from engine_cases import CKPT, CKPT25, REPO, case
 from fake_cuda import CUDA, HostSyncError, fake_cuda_engine
 
 from mm_infer import SamplingParams
 from mm_infer.engine.sampling import batch as sampling_batch
 
+MOE = REPO / "assets" / "models" / "tiny-qwen3-vl-moe"
 SAMPLING = [
     dict(temperature=0.0),
     dict(temperature=1.0, top_p=0.9, top_k=20, seed=3),
@@ -70,3 +71,19 @@ def test_a_planted_host_read_fails_the_harness(monkeypatch):
         real(self, *a)))
     with pytest.raises(HostSyncError, match="read a"):
         run_on_fake_cuda(CKPT, monkeypatch, steps=1)
+
+
+TEXT_PROMPTS = [{"prompt_token_ids": list(range(40 + 7 * i, 60 + 9 * i))} for i in range(5)]
+
+
+def test_moe_prefill_and_decode_stay_on_the_device_without_host_syncs(monkeypatch):
+    # catches: expert counts read back to the host in every MoE layer (bincount's output size, split's sizes); in
+    # bfloat16, CUDA's grouped GEMM takes the group ends as a device tensor
+    with fake_cuda_engine(MOE, monkeypatch, dtype="bfloat16") as (engine, on_device, readbacks):
+        requests = [engine.prepare(p) for p in TEXT_PROMPTS]
+        with on_device():
+            for i, req in enumerate(requests):
+                engine.add_request(f"m{i}", req, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))
+            for _ in range(3):
+                engine.step()
+        assert len(readbacks.seen) == 3 and sorted(engine.runner.graphs.buffers) == [8]
