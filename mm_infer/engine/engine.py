@@ -348,7 +348,13 @@ class LLMEngine:
         return wake_up(self, tags)
 
     def close(self) -> None:
-        """Release what the engine holds outside this process (tensor-parallel ranks); nothing to do here."""
+        """Release the KV pool, decode graphs, state pool, encoder cache and weights now, not at the next garbage
+        collection (reference cycles hold an engine until then); the engine cannot step afterwards."""
+        self.encoder_cache.clear()
+        self.runner.release()
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def reset_caches(self) -> None:
         """Forget cached vision embeddings and prefix KV (running requests keep their own blocks)."""

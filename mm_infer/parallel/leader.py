@@ -140,13 +140,14 @@ class LeaderEngine(LLMEngine):
         return state
 
     def close(self) -> None:
-        """Tell the followers to stop, and wait for them (killed if they do not)."""
+        """Tell the followers to stop, wait for them (killed if they do not), then release this rank's buffers."""
         if self.followers and all(p.poll() is None for p in self.followers):
             try:
                 self.group.send(("close",))
             except RankLostError:
                 pass
         self._stop_followers()
+        super().close()
 
     def _stop_followers(self, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + grace_s

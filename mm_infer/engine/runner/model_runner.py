@@ -99,6 +99,12 @@ class ModelRunner:
         self.encoder_calls = 0  # media items run through the vision tower
         self.device = model.device
 
+    def release(self) -> None:
+        """Drop every device buffer this runner holds (LLMEngine.close); it cannot run afterwards."""
+        self.kv = self.graphs = self.states = self.routing = None  # type: ignore[assignment]
+        self.batch = None  # type: ignore[assignment]
+        self.model = None  # type: ignore[assignment]
+
     @staticmethod
     def kv_bytes_per_block(model: QwenVLModel, block_size: int) -> int:
         text = model.config.text
