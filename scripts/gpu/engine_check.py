@@ -1,4 +1,6 @@
-"""Engine-level GPU check: CPU/CUDA greedy parity, seeded n=8 groups, sampler timing, 7B-shaped decode vs HBM floor."""
+"""Engine-level GPU check: CPU/CUDA greedy parity on every tiny Qwen family (MoE included) with the decode graphs each
+engine captured, seeded n=8 groups, sampler timing, 7B-shaped decode vs HBM floor. Every engine's KV pool is bounded
+and it is closed (its memory released) before the next one starts."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ sys.path.insert(0, str(REPO))  # the checkout: `scripts.*` imports as a package
 from scripts.gpu.check_common import Report, median_ms, say  # noqa: E402
 from scripts.gpu.decode_check import decode_bench  # noqa: E402
 
-MODELS = [REPO / "assets" / "models" / "tiny-qwen2-vl", REPO / "assets" / "models" / "tiny-qwen2.5-vl"]
+MODELS = [REPO / "assets" / "models" / name for name in ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl",
+                                                           "tiny-qwen3-vl-moe")]
+BOUNDED = {"num_kv_blocks": 512, "max_model_len": 2048}  # a tiny model at 0.9 utilisation would take ~131 GB of KV
 IMAGE = str(REPO / "assets" / "media" / "shapes" / "colour_example.png")
 
 
@@ -31,11 +35,20 @@ def prompts() -> list[dict[str, Any]]:
             {"messages": chat, "multi_modal_data": {"image": [IMAGE]}}]
 
 
+GRAPHS: dict[str, list[int]] = {}  # "model device dtype" -> [decode graphs captured, captures that failed]
+
+
 def generate(model_dir: Path, device: str, dtype: str, params: Any) -> list[Any]:
+    """The prompts' outputs from a bounded engine, closed at the end; its decode graphs are counted in GRAPHS."""
     from mm_infer import LLM
 
-    llm = LLM(str(model_dir), device=device, dtype=dtype)
-    return llm.generate(prompts(), params, use_tqdm=False)
+    with LLM(str(model_dir), device=device, dtype=dtype, **BOUNDED) as llm:
+        outs = llm.generate(prompts(), params, use_tqdm=False)
+        graphs = llm.engine.runner.graphs
+        made = {} if graphs is None else graphs.graphs
+        GRAPHS[f"{model_dir.name} {device} {dtype}"] = [sum(g is not None for g in made.values()),
+                                                        sum(g is None for g in made.values())]
+    return outs
 
 
 def logprob_gap(a: Any, b: Any) -> float:
@@ -61,7 +74,8 @@ def parity(device: str) -> Report:
         tokens = sum(len(o.outputs[0].token_ids) for o in bf16)
         agree = sum(o.outputs[0].token_ids == r.outputs[0].token_ids for o, r in zip(bf16, ref, strict=True))
         res = {"prompts": len(ref), "fp32_ids_equal": equal, "fp32_max_abs_logprob_diff": diff,
-               "bf16_tokens": tokens, "bf16_prompts_equal_to_fp32": agree}
+               "bf16_tokens": tokens, "bf16_prompts_equal_to_fp32": agree,
+               "graphs_captured_failed": {k: v for k, v in GRAPHS.items() if k.startswith(model.name + " ")}}
         out[model.name] = res
         out["ok"] &= equal == len(ref) and diff < 1e-3 and tokens == 24 * len(ref)
         say(f"parity {model.name} fp32 cpu vs {device}", f"ids equal {equal}/{len(ref)}, max|dlogprob| {diff:.3g}")
@@ -74,9 +88,9 @@ def group(device: str) -> Report:
     from mm_infer import LLM, SamplingParams
 
     params = SamplingParams(n=8, temperature=1.0, top_p=0.95, seed=0, max_tokens=32)
-    llm = LLM(str(MODELS[0]), device=device, dtype="float32")
-    runs = [[tuple(c.token_ids) for c in llm.generate([prompts()[3]], params, use_tqdm=False)[0].outputs]
-            for _ in range(2)]
+    with LLM(str(MODELS[0]), device=device, dtype="float32", **BOUNDED) as llm:
+        runs = [[tuple(c.token_ids) for c in llm.generate([prompts()[3]], params, use_tqdm=False)[0].outputs]
+                for _ in range(2)]
     distinct, same = len(set(runs[0])), runs[0] == runs[1]
     say(f"group n=8 T=1 {device}", f"ran, {distinct}/8 distinct samples, same seed reproduces ids: {same}")
     return {"ok": same and len(runs[0]) == 8, "samples": len(runs[0]), "distinct": distinct, "reproducible": same}
@@ -149,6 +163,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (runs on a CPU in well under a minute)")
     parser.add_argument("--json", type=Path, help="write every figure here (rewritten after each section)")
     parser.add_argument("--budget", type=float, default=220.0, help="seconds; later decode sizes are skipped after")
+    parser.add_argument("--sections", default="parity,group,sampler,decode", help="which, comma-separated")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -164,6 +179,7 @@ def main() -> int:
         "sampler": lambda: sampler_bench(args.device, args.quick),
         "decode": lambda: decode_bench(args.device, args.quick, deadline),
     }
+    sections = {name: sections[name] for name in args.sections.split(",")}
     for name, fn in sections.items():
         run_section(name, fn, report, args.json, deadline)
     failed = [n for n in sections if not report[n].get("ok")]

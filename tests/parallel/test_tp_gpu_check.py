@@ -15,4 +15,4 @@ def test_the_tp_gpu_check_dry_run_skips_cleanly_with_its_plan():
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "tp: skipped: 0 GPU(s)" in run.stdout and "tiny-qwen3-vl-moe" in run.stdout
-    assert "tp rc=$tp_rc" in (REPO / "scripts" / "gpu_check.sh").read_text()
+    assert "scripts/gpu/tp_check.py" in (REPO / "scripts" / "gpu" / "stages.py").read_text()
