@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from mm_infer.config import EngineConfig
 from mm_infer.engine.engine import LLMEngine
 from mm_infer.engine.runtime import pick_device
@@ -55,7 +57,7 @@ class Follower:
     def __init__(self, engine: LLMEngine, group: RankGroup) -> None:
         self.engine, self.group = engine, group
         self.handlers: dict[str, Callable[..., Any]] = {
-            "add": self.add, "step": self.step, "abort": engine.abort, "weights": engine.update_weights,
+            "add": self.add, "step": self.step, "abort": engine.abort, "weights": self.weights,
             "reset": engine.reset_caches, "sleep": engine.sleep, "wake": engine.wake_up}
 
     def serve(self) -> None:
@@ -69,6 +71,13 @@ class Follower:
         self.engine.add_request(request_id, request, params)
         for seq, seed in zip(self.engine.groups[request_id].seqs, seeds, strict=True):
             seq.seed = seed
+
+    def weights(self, metas: list[tuple[str, tuple[int, ...], Any]], version: int) -> None:
+        """Receive rank 0's whole tensors (broadcast one by one) and load this rank's slices of them."""
+        device = self.engine.device
+        tensors = [(name, self.group.broadcast(torch.empty(shape, dtype=dtype, device=device)))
+                   for name, shape, dtype in metas]
+        self.engine.update_weights(tensors, version)
 
     def step(self, held: list[str]) -> None:
         held_ids = set(held)

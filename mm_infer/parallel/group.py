@@ -69,6 +69,12 @@ class RankGroup:
         """x [N, c] on each rank -> [N, size * c]: the ranks' column blocks side by side (vocab-parallel logits)."""
         return torch.cat(self.all_gather(x), dim=-1)
 
+    def broadcast(self, x: Tensor) -> Tensor:
+        """Rank 0's x into x on every rank (same shape and dtype, contiguous, on the model's device). Moved as its
+        bytes: gloo has no float16 or float8 reductions, and a broadcast needs none."""
+        _wait(self.tensors.broadcast(x.reshape(-1).view(torch.uint8), 0))
+        return x
+
     def min_int(self, value: int) -> int:
         """The smallest of one integer over the ranks (the KV block count every rank can hold)."""
         return int(min(t.item() for t in self._gather_cpu(torch.tensor([value], dtype=torch.long))))

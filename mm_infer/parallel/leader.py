@@ -119,9 +119,12 @@ class LeaderEngine(LLMEngine):
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> set[str]:
-        """Every rank gets the whole tensors (host copies) and keeps its slice."""
-        tensors = [(name, t.detach().cpu()) for name, t in named_tensors]
-        self.group.send(("weights", tensors, version))
+        """Every rank gets the whole tensors, broadcast over the model's group (NCCL on CUDA: device to device, no
+        pickling), and keeps its slice; only their names, shapes and dtypes travel as a command."""
+        tensors = [(name, t.detach().to(self.device).contiguous()) for name, t in named_tensors]
+        self.group.send(("weights", [(name, tuple(t.shape), t.dtype) for name, t in tensors], version))
+        for _, t in tensors:
+            self.group.broadcast(t)
         return super().update_weights(tensors, version)
 
     def reset_caches(self) -> None:
