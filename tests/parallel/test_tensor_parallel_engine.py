@@ -102,3 +102,12 @@ def test_a_killed_rank_fails_the_next_step_with_rank_lost_and_close_still_return
             engine.step()
     llm.close()
     assert engine.followers == []
+
+
+def test_tp4_with_kv_heads_replicated_equals_tp1():
+    # 4 ranks over 2 KV heads: each rank keeps one KV head (two ranks share each) and one q head
+    one = LLM(str(MODELS / "tiny-qwen2-vl"), **ENGINE)
+    with LLM(str(MODELS / "tiny-qwen2-vl"), tensor_parallel_size=4, tp_deterministic=True, **ENGINE) as four:
+        assert four.engine.runner.kv.k.shape[1] == 1  # [layers, KV heads on this rank, slots, head dim]
+        a, b = one.generate(prompts()[:2], GREEDY), four.generate(prompts()[:2], GREEDY)
+    assert token_ids(a) == token_ids(b) and max_logprob_gap(a, b) <= BOUND
