@@ -43,6 +43,8 @@ ENV_PROBE = ("import torch, triton, sys; print('torch', torch.__version__, 'cuda
 
 STAGES = (
     Stage("env", ("{py}", "-c", ENV_PROBE), 25, why="versions, and whether CUDA is there at all"),
+    Stage("compile_sm90", ("{py}", "scripts/gpu/compile_sm90.py", "--json", "{json}"), 45,
+          script="scripts/gpu/compile_sm90.py", why="registers and spills of every kernel with this machine's Triton"),
     Stage("kernels", ("{py}", "scripts/gpu/bench_kernels.py", "--json", "{json}"), 80,
           script="scripts/gpu/bench_kernels.py", why="paged decode/prefill, patch embed, rope at real shapes"),
     Stage("engine", ("{py}", "scripts/gpu/engine_check.py", "--budget", "110", "--json", "{json}"), 150,
@@ -59,7 +61,7 @@ STAGES = (
           script="scripts/peers/trl_nccl_check.py", why="TRL's NCCL weight sync into our server (needs TRL_PYTHON)"),
     Stage("vision_attention", ("{py}", "scripts/bench/vision_attention.py", "--layers", "8"), 25,
           script="scripts/bench/vision_attention.py", why="window attention: per-window SDPA against flash varlen"),
-    Stage("kernel_tests", ("{py}", "-m", "pytest", "-q", "tests/kernels", "-p", "no:cacheprovider"), 160,
+    Stage("kernel_tests", ("{py}", "-m", "pytest", "-q", "tests/kernels", "-p", "no:cacheprovider"), 145,
           why="the kernel test suite on CUDA (no interpreter), last"),
 )
 
