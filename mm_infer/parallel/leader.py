@@ -67,10 +67,13 @@ class LeaderEngine(LLMEngine):
         store = dist.TCPStore("127.0.0.1", 0, size, True, timeout=STARTUP_TIMEOUT, wait_for_workers=False)
         for rank in range(1, size):
             proc = subprocess.Popen([sys.executable, "-m", "mm_infer.parallel.follower"], stdin=subprocess.PIPE)
-            assert proc.stdin is not None
-            proc.stdin.write(pickle.dumps((config, rank, store.port)))
-            proc.stdin.close()
             self.followers.append(proc)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(pickle.dumps((config, rank, store.port)))
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass  # it died at once: _watched reports its exit code
         device = pick_device(config.device)
         return self._watched(lambda: RankGroup.open(store, 0, size, device, config.tp_deterministic,
                                                     COLLECTIVE_TIMEOUT))

@@ -111,3 +111,17 @@ def test_tp4_with_kv_heads_replicated_equals_tp1():
         assert four.engine.runner.kv.k.shape[1] == 1  # [layers, KV heads on this rank, slots, head dim]
         a, b = one.generate(prompts()[:2], GREEDY), four.generate(prompts()[:2], GREEDY)
     assert token_ids(a) == token_ids(b) and max_logprob_gap(a, b) <= BOUND
+
+
+def test_a_rank_that_dies_while_starting_fails_the_start_with_its_exit_code(monkeypatch):
+    monkeypatch.setattr("sys.executable", "/bin/false")  # the follower's interpreter: exits 1 at once
+    with pytest.raises(RankLostError, match="tensor-parallel rank 1 exited with code 1 while starting"):
+        LLM(str(MODELS / "tiny-qwen2-vl"), tensor_parallel_size=2, **ENGINE)
+
+
+def test_a_model_that_cannot_split_is_refused_before_any_rank_starts(monkeypatch):
+    monkeypatch.setattr("subprocess.Popen", None)  # no process may start
+    with pytest.raises(ValueError, match="hybrid"):
+        LLM(str(MODELS / "tiny-qwen3.5"), tensor_parallel_size=2, **ENGINE)
+    with pytest.raises(ValueError, match="num_attention_heads = 4 does not split over 3"):
+        LLM(str(MODELS / "tiny-qwen2-vl"), tensor_parallel_size=3, **ENGINE)
