@@ -25,8 +25,8 @@ import torch  # noqa: E402
 
 from mm_infer_kernels import _triton  # noqa: E402
 
-DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32",
-          torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8", torch.bool: "i1"}
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8", torch.bool: "i1"}
 Launch = tuple[Any, tuple, dict]  # (the JITFunction or Autotuner, positional args, keyword args)
 
 
@@ -128,7 +128,8 @@ def cases() -> dict[str, Callable[[], Any]]:
         "paged_prefill": lambda: paged_prefill.paged_prefill_triton(
             torch.zeros(8 * 512, 28, 128, dtype=bf16), cache, cache, tables, meta * torch.arange(8), meta, meta, 16,
             max_q=512),
-        "patch_embed": lambda: fused_patch_embed.patch_embed_triton(frames, torch.zeros(1280, 3, 2, 14, 14, dtype=bf16)),
+        "patch_embed": lambda: fused_patch_embed.patch_embed_triton(frames,
+                                                                    torch.zeros(1280, 3, 2, 14, 14, dtype=bf16)),
         "vision_rope": lambda: vision_rope.vision_rope_triton(q_vis, q_vis, torch.zeros(1024, 80),
                                                               torch.zeros(1024, 80)),
     }
@@ -147,7 +148,8 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     worst = max(results, key=lambda r: r["spill_bytes"])
-    print(f"worst spill: {worst['spill_bytes']} B in {worst['case']} ({worst['kernel']}, {worst['registers']} registers)")
+    print(f"worst spill: {worst['spill_bytes']} B in {worst['case']} ({worst['kernel']}, "
+          f"{worst['registers']} registers)")
     return 0
 
 

@@ -2,7 +2,8 @@
 budget (a stage whose timeout no longer fits is skipped and says so). Each stage's figures go into one
 results.json, rewritten after every stage, and all output into one log; the last line carries the key figures.
 `--dry-run` prints the plan and checks, with the packages the GPU machine lacks blocked, that every stage's script
-imports and finds its files (the engine, hybrid and TP stages run their CPU forms). Usage: python scripts/gpu/stages.py OUTDIR [--dry-run] [--budget S]"""
+imports and finds its files (the engine, hybrid and TP stages run their CPU forms).
+Usage: python scripts/gpu/stages.py OUTDIR [--dry-run] [--budget S]"""
 
 from __future__ import annotations
 
