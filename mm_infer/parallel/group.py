@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 COMMAND_TIMEOUT = timedelta(days=365)  # a follower waits for rank 0's next command as long as rank 0 lives
+HEADER = 4096  # bytes of a command's first broadcast: its length, then its pickle when it fits (every step's do)
 
 
 class RankLostError(RuntimeError):
@@ -87,16 +88,26 @@ class RankGroup:
     # --- rank 0's commands ----------------------------------------------------------------------------------
 
     def send(self, command: Any) -> None:
-        """Rank 0: one pickled command to every other rank (its length, then its bytes)."""
-        data = torch.frombuffer(bytearray(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-        _wait(self.commands.broadcast(torch.tensor([data.numel()], dtype=torch.long), 0))
-        _wait(self.commands.broadcast(data, 0))
+        """Rank 0: one pickled command to every other rank. One broadcast of HEADER bytes (the length, then the
+        pickle when it fits: every step's commands do); a longer pickle follows in a second one."""
+        data = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        header = torch.zeros(HEADER, dtype=torch.uint8)
+        header[:8] = torch.tensor([len(data)], dtype=torch.long).view(torch.uint8)
+        small = len(data) <= HEADER - 8
+        if small:
+            header[8:8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        _wait(self.commands.broadcast(header, 0))
+        if not small:
+            _wait(self.commands.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0))
 
     def receive(self) -> Any:
         """Another rank: the next command rank 0 sends."""
-        length = torch.zeros(1, dtype=torch.long)
-        _wait(self.commands.broadcast(length, 0))
-        data = torch.empty(int(length.item()), dtype=torch.uint8)
+        header = torch.empty(HEADER, dtype=torch.uint8)
+        _wait(self.commands.broadcast(header, 0))
+        length = int(header[:8].view(torch.long).item())
+        if length <= HEADER - 8:
+            return pickle.loads(header[8:8 + length].numpy().tobytes())
+        data = torch.empty(length, dtype=torch.uint8)
         _wait(self.commands.broadcast(data, 0))
         return pickle.loads(data.numpy().tobytes())
 

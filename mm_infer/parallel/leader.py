@@ -16,6 +16,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -175,8 +176,6 @@ def ranked_threads(config: EngineConfig) -> EngineConfig:
     """On CPU with no thread count set, each rank takes an equal share of torch's threads (the same total)."""
     if config.cpu_threads or pick_device(config.device).type == "cuda":
         return config
-    from dataclasses import replace
-
     return replace(config, cpu_threads=max(torch.get_num_threads() // config.tensor_parallel_size, 1))
 
 

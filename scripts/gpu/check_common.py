@@ -40,3 +40,9 @@ def median_ms(fn: Callable[..., object], device: str, setup: Callable[[], object
         if i >= warmup:
             times.append(start.elapsed_time(end) if events else (time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def graph_counts(llm: Any) -> list[int]:
+    """[decode graphs captured, captures that failed] of an LLM's engine (rank 0 under tensor parallelism)."""
+    graphs = llm.engine.runner.graphs
+    return [0, 0] if graphs is None else list(graphs.capture_counts())

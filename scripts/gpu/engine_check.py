@@ -20,7 +20,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the checkout: `scripts.*` imports as a package
 
-from scripts.gpu.check_common import Report, median_ms, say  # noqa: E402
+from scripts.gpu.check_common import Report, graph_counts, median_ms, say  # noqa: E402
 from scripts.gpu.decode_check import decode_bench  # noqa: E402
 
 MODELS = [REPO / "assets" / "models" / name for name in ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl",
@@ -44,10 +44,7 @@ def generate(model_dir: Path, device: str, dtype: str, params: Any) -> list[Any]
 
     with LLM(str(model_dir), device=device, dtype=dtype, **BOUNDED) as llm:
         outs = llm.generate(prompts(), params, use_tqdm=False)
-        graphs = llm.engine.runner.graphs
-        made = {} if graphs is None else graphs.graphs
-        GRAPHS[f"{model_dir.name} {device} {dtype}"] = [sum(g is not None for g in made.values()),
-                                                        sum(g is None for g in made.values())]
+        GRAPHS[f"{model_dir.name} {device} {dtype}"] = graph_counts(llm)
     return outs
 
 

@@ -31,6 +31,7 @@ def compare(name: str) -> dict:
     from tp_cases import GREEDY, MODELS, max_logprob_gap, prompts, token_ids
 
     from mm_infer import LLM
+    from scripts.gpu.check_common import graph_counts
 
     options = {"device": "cuda", "dtype": "float32", "num_kv_blocks": 256, "max_model_len": 1024}
     start = time.perf_counter()
@@ -38,11 +39,9 @@ def compare(name: str) -> dict:
         a = one.generate(prompts(), GREEDY, use_tqdm=False)
     with LLM(str(MODELS / name), tensor_parallel_size=2, **options) as two:
         b = two.generate(prompts(), GREEDY, use_tqdm=False)
-        graphs = two.engine.runner.graphs
-        made = {} if graphs is None else graphs.graphs  # bucket -> graph, None where the capture failed
+        captured, failed = graph_counts(two)
     return {"ids_equal": token_ids(a) == token_ids(b), "logprob_gap": max_logprob_gap(a, b),
-            "graphs_captured_rank0": sum(g is not None for g in made.values()),
-            "graphs_failed_rank0": sum(g is None for g in made.values()),
+            "graphs_captured_rank0": captured, "graphs_failed_rank0": failed,
             "seconds": round(time.perf_counter() - start, 2)}
 
 

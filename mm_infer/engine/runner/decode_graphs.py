@@ -82,6 +82,11 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}  # None: capture failed, run eagerly
         self.pool = None
 
+    def capture_counts(self) -> tuple[int, int]:
+        """(buckets captured as CUDA graphs, buckets whose capture failed and that run eagerly)."""
+        captured = sum(g is not None for g in self.graphs.values())
+        return captured, len(self.graphs) - captured
+
     @staticmethod
     def accepts(plan: BatchPlan, max_rows: int) -> bool:
         """A pure decode step: every chunk one generated token that samples, nothing else."""
